@@ -1,0 +1,14 @@
+"""dana: asynchronous distributed training with momentum.
+
+DANA (Hakimi, Barkai, Gabel, Schuster, "Taming Momentum in a Distributed Asynchronous
+Environment", arXiv 1907.11612), its baselines, an exact event-driven simulator of ``k``
+asynchronous workers, and a parameter-server runtime on Ray.
+"""
+
+from dana import algorithms
+from dana.api import SimulationResult, simulate
+from dana.sim import Simulator
+
+__version__ = "0.1.0"
+
+__all__ = ["SimulationResult", "Simulator", "algorithms", "simulate", "__version__"]

@@ -1,0 +1,82 @@
+"""Every algorithm as a pair of rules over flat tensors, found by name.
+
+    >>> import dana.algorithms as A
+    >>> A.build("dana-slim", momentum=0.9)
+    DanaSlim(momentum=0.9)
+    >>> sorted(A.ALGORITHMS)[:3]
+    ['asgd', 'dana-dc', 'dana-ga']
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from dana.algorithms.asgd import Asgd, MultiAsgd, NagAsgd
+from dana.algorithms.base import Algorithm, MasterRule, WorkerRule
+from dana.algorithms.dana import DanaDc, DanaGa, DanaSlim, DanaZero
+from dana.algorithms.dc_asgd import DcAsgd
+from dana.algorithms.gap_aware import GapAware
+from dana.algorithms.ssgd import Ssgd
+
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    cls.name: cls
+    for cls in (
+        Ssgd,
+        Asgd,
+        NagAsgd,
+        MultiAsgd,
+        DcAsgd,
+        GapAware,
+        DanaZero,
+        DanaSlim,
+        DanaDc,
+        DanaGa,
+    )
+}
+
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    """Add an algorithm to the registry (usable as a class decorator)."""
+    if cls.name in ALGORITHMS and ALGORITHMS[cls.name] is not cls:
+        raise ValueError(f"an algorithm named {cls.name!r} is already registered")
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def get(name: str) -> type[Algorithm]:
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown algorithm {name!r}; choose one of: {', '.join(ALGORITHMS)}"
+        ) from None
+
+
+def hparam_names(name: str) -> list[str]:
+    """The hyper-parameters ``name``'s constructor accepts."""
+    return [p for p in inspect.signature(get(name).__init__).parameters if p != "self"]
+
+
+def build(name: str, **hparams: Any) -> Algorithm:
+    """Build the algorithm ``name`` with the given hyper-parameters (validated)."""
+    cls = get(name)
+    unknown = sorted(set(hparams) - set(hparam_names(name)))
+    if unknown:
+        raise ValueError(
+            f"{name} takes no hyper-parameter {', '.join(map(repr, unknown))}; "
+            f"it takes: {', '.join(hparam_names(name)) or 'none'}"
+        )
+    return cls(**hparams)
+
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "MasterRule",
+    "WorkerRule",
+    "build",
+    "get",
+    "hparam_names",
+    "register",
+]

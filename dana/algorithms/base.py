@@ -1,0 +1,194 @@
+"""The contract every algorithm fulfils: a master rule and a worker rule over flat tensors.
+
+An asynchronous algorithm is driven by three events (ALGORITHMS.md, "Master and worker
+rules"), whoever drives it (the simulator or the Ray runtime):
+
+1. pull: ``master.pull(i, lr, out)`` writes into ``out`` the parameters worker ``i``
+   computes its next gradient at;
+2. the worker computes ``g = grad f(p_i) + wd * p_i`` and turns it into a message with
+   ``workers.message(i, g)``;
+3. push: ``master.push(i, message, lr)`` applies it, and says whether the master's
+   parameters moved (a synchronous master moves once every ``k`` pushes).
+
+An :class:`Algorithm` holds the hyper-parameters (validated at construction) and builds
+the two rules. A master rule holds the master's state for a flat parameter vector (or a
+contiguous shard of one: every rule in the registry is element-wise); a worker rule
+holds the state of ``n`` workers as one ``(n, d)`` tensor (the simulator builds one for
+all ``k`` workers, a Ray worker one for itself).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+
+def check_momentum(momentum: float) -> float:
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+    return float(momentum)
+
+
+def check_nonnegative(name: str, value: float) -> float:
+    if not value >= 0.0:  # also rejects NaN
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return float(value)
+
+
+def check_positive(name: str, value: float) -> float:
+    if not value > 0.0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return float(value)
+
+
+def check_workers(workers: int) -> int:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+    return workers
+
+
+def check_params(params: Tensor) -> Tensor:
+    if not isinstance(params, Tensor) or params.dim() != 1:
+        raise ValueError("params must be a flat (1-D) tensor; flatten the model first")
+    if not params.is_floating_point():
+        raise ValueError(f"params must be a floating-point tensor, got {params.dtype}")
+    return params
+
+
+class MasterRule:
+    """The master's side of an algorithm: its state and how it serves pulls and pushes."""
+
+    #: Names of the attributes that make up the rule's state (tensors or numbers).
+    state_keys: ClassVar[tuple[str, ...]] = ("theta",)
+
+    def __init__(self, params: Tensor, workers: int):
+        self.workers = check_workers(workers)
+        self.theta = check_params(params).detach().clone()
+
+    @property
+    def d(self) -> int:
+        return self.theta.numel()
+
+    def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
+        """Write the parameters ``worker`` computes at into ``out`` and return it."""
+        return out.copy_(self.theta)
+
+    def push(self, worker: int, message: Tensor, lr: float) -> bool:
+        """Apply ``worker``'s message; return True if the master's parameters moved."""
+        raise NotImplementedError
+
+    def params(self) -> Tensor:
+        """The parameters to evaluate (ALGORITHMS.md, column "evaluated params")."""
+        return self.theta
+
+    def gap_reference(self) -> Tensor:
+        """The master's parameters as stored, before any worker-held correction.
+
+        For every rule but ``dana-slim`` these are the true parameters ``theta``; the
+        gap is measured against them (ALGORITHMS.md, "Measures of staleness").
+        """
+        return self.theta
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state for a checkpoint: tensors and plain numbers, by name."""
+        return _state_dict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _load_state_dict(self, state)
+
+
+class WorkerRule:
+    """The workers' side: turns a gradient into the message pushed to the master.
+
+    The default sends the gradient itself and keeps no state.
+    """
+
+    state_keys: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, workers: int, d: int, dtype: torch.dtype = torch.float32):
+        self.workers = check_workers(workers)
+        self.d = d
+        self.dtype = dtype
+
+    def message(self, worker: int, grad: Tensor) -> Tensor:
+        return grad
+
+    def theta_offset(self, lr: float) -> Tensor | None:
+        """What to add to the master's stored parameters to get the true ``theta``.
+
+        ``None`` when the master's parameters are the true ones. Only defined when this
+        rule holds every worker's state (in the simulator).
+        """
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return _state_dict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _load_state_dict(self, state)
+
+
+class Algorithm:
+    """Hyper-parameters of one algorithm, and a factory for its master and worker rules.
+
+    Subclasses set ``name``, ``summary`` and ``master_rule`` (and ``worker_rule`` if
+    workers keep state), and validate their own hyper-parameters in ``__init__``.
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    #: True when the master applies one update per round of ``k`` pushes computed at
+    #: the same parameters (runners then drive rounds instead of a free-running queue).
+    synchronous: ClassVar[bool] = False
+    master_rule: ClassVar[type[MasterRule]]
+    worker_rule: ClassVar[type[WorkerRule]] = WorkerRule
+
+    def __init__(self, momentum: float = 0.0):
+        self.momentum = check_momentum(momentum)
+
+    def hparams(self) -> dict[str, Any]:
+        """The algorithm's hyper-parameters, as given to its constructor."""
+        return dict(vars(self))
+
+    def master(self, params: Tensor, workers: int) -> MasterRule:
+        return self.master_rule(params, workers, **self.hparams())
+
+    def worker(self, workers: int, d: int, dtype: torch.dtype = torch.float32) -> WorkerRule:
+        return self.worker_rule(workers, d, dtype, **self._worker_hparams())
+
+    def _worker_hparams(self) -> dict[str, Any]:
+        return {}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.hparams().items())
+        return f"{type(self).__name__}({args})"
+
+
+def _state_dict(rule: MasterRule | WorkerRule) -> dict[str, Any]:
+    state = {}
+    for key in rule.state_keys:
+        value = getattr(rule, key)
+        if value is not None:
+            state[key] = value.clone() if isinstance(value, Tensor) else value
+    return state
+
+
+def _load_state_dict(rule: MasterRule | WorkerRule, state: dict[str, Any]) -> None:
+    expected = {k for k in rule.state_keys if getattr(rule, k) is not None}
+    if set(state) != expected:
+        raise ValueError(
+            f"{type(rule).__name__} state has keys {sorted(state)}, expected {sorted(expected)}"
+        )
+    for key, value in state.items():
+        current = getattr(rule, key)
+        if isinstance(current, Tensor):
+            if tuple(current.shape) != tuple(value.shape):
+                raise ValueError(
+                    f"{type(rule).__name__} state {key!r} has shape {tuple(value.shape)}, "
+                    f"expected {tuple(current.shape)}"
+                )
+            current.copy_(value)
+        else:
+            setattr(rule, key, type(current)(value))

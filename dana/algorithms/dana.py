@@ -1,0 +1,197 @@
+"""DANA: gradients computed where the master will be when they land.
+
+Hakimi, Barkai, Gabel, Schuster, "Taming Momentum in a Distributed Asynchronous
+Environment" (arXiv 1907.11612).
+
+- ``dana-zero``: the master keeps ``theta``, a momentum ``v_i`` per worker and their sum
+  ``S``. A push of worker ``i`` does ``v_i = m*v_i + g; theta -= lr*v_i`` and keeps
+  ``S`` current in O(d) (``S += v_i_new - v_i_old``, never re-summed). A pull sends the
+  estimate of the future position ``theta - lr*m*S``.
+- ``dana-slim``: the same algorithm rewritten with ``Theta = theta - lr*m*S``
+  (Bengio-Nesterov). Each worker keeps its own ``v_i`` and sends
+  ``u = g + m*v_i`` after ``v_i = m*v_i + g``; the master does ASGD's work only,
+  ``Theta -= lr*u``, and keeps nothing per worker. With a constant ``lr`` both send
+  every worker the same parameters; with one worker ``dana-slim`` is exactly
+  ``torch.optim.SGD(momentum=m, nesterov=True)``.
+- ``dana-dc``: DC-ASGD's delay compensation ``g~ = g + lc*g*g*(theta - p_i)`` on top
+  of ``dana-zero`` (``lc = 2`` as in the authors' code).
+- ``dana-ga``: the Gap-Aware penalty (see :mod:`dana.algorithms.gap_aware`) on top of
+  ``dana-zero``.
+
+Example::
+
+    >>> import torch, dana.algorithms as A
+    >>> algo = A.build("dana-slim", momentum=0.9)
+    >>> master, workers = algo.master(torch.zeros(2), 4), algo.worker(4, 2)
+    >>> master.push(0, workers.message(0, torch.ones(2)), lr=0.1)
+    True
+    >>> master.params()
+    tensor([-0.1900, -0.1900])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dana.algorithms.base import (
+    Algorithm,
+    MasterRule,
+    WorkerRule,
+    check_nonnegative,
+)
+from dana.algorithms.gap_aware import GapPenalty
+
+
+class DanaZeroMaster(MasterRule):
+    state_keys = ("theta", "v", "S")
+
+    def __init__(self, params: Tensor, workers: int, momentum: float):
+        super().__init__(params, workers)
+        self.momentum = momentum
+        self.v = self.theta.new_zeros(workers, self.d)
+        self.S = torch.zeros_like(self.theta)
+
+    def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
+        return torch.add(self.theta, self.S, alpha=-lr * self.momentum, out=out)
+
+    def push(self, worker: int, message: Tensor, lr: float) -> bool:
+        v, m = self.v[worker], self.momentum
+        # S += v_new - v_old, with v_new = m*v_old + g.
+        self.S.add_(v, alpha=m - 1.0).add_(message)
+        torch.add(message, v, alpha=m, out=v)
+        self.theta.add_(v, alpha=-lr)
+        return True
+
+
+class DanaZero(Algorithm):
+    """DANA with the momenta at the master; pulls see ``theta - lr*m*sum_i v_i``."""
+
+    name = "dana-zero"
+    summary = "DANA: per-worker momenta at the master, pull at theta - lr*m*sum(v)"
+    master_rule = DanaZeroMaster
+
+    def __init__(self, momentum: float = 0.9):
+        super().__init__(momentum)
+
+
+class DanaSlimMaster(MasterRule):
+    """The master holds the look-ahead ``Theta`` and does ASGD's work."""
+
+    def __init__(self, params: Tensor, workers: int, momentum: float):
+        super().__init__(params, workers)
+
+    def push(self, worker: int, message: Tensor, lr: float) -> bool:
+        self.theta.add_(message, alpha=-lr)
+        return True
+
+
+class DanaSlimWorkers(WorkerRule):
+    """Each worker keeps its momentum ``v_i`` and sends ``g + m*v_i`` after updating it.
+
+    When it holds several workers (the simulator), it also keeps ``S = sum_i v_i``
+    current so that the master's true ``theta = Theta + lr*m*S`` can be measured.
+    """
+
+    state_keys = ("v", "S", "u")
+
+    def __init__(self, workers: int, d: int, dtype: torch.dtype, momentum: float):
+        super().__init__(workers, d, dtype)
+        self.momentum = momentum
+        self.v = torch.zeros(workers, d, dtype=dtype)
+        self.S = torch.zeros(d, dtype=dtype) if workers > 1 else None
+        self.u = torch.zeros(d, dtype=dtype)  # message buffer, reused
+
+    def message(self, worker: int, grad: Tensor) -> Tensor:
+        v, m = self.v[worker], self.momentum
+        if self.S is not None:
+            self.S.add_(v, alpha=m - 1.0).add_(grad)
+        torch.add(grad, v, alpha=m, out=v)
+        return torch.add(grad, v, alpha=m, out=self.u)
+
+    def theta_offset(self, lr: float) -> Tensor:
+        S = self.S if self.S is not None else self.v[0]
+        return S * (lr * self.momentum)
+
+
+class DanaSlim(Algorithm):
+    """DANA with the momenta in the workers; the master is as cheap as ASGD's."""
+
+    name = "dana-slim"
+    summary = "DANA with momenta in the workers; the master does only ASGD's work"
+    master_rule = DanaSlimMaster
+    worker_rule = DanaSlimWorkers
+
+    def __init__(self, momentum: float = 0.9):
+        super().__init__(momentum)
+
+    def _worker_hparams(self) -> dict:
+        return {"momentum": self.momentum}
+
+
+class DanaDcMaster(DanaZeroMaster):
+    state_keys = ("theta", "v", "S", "sent")
+
+    def __init__(self, params: Tensor, workers: int, momentum: float, lc: float):
+        super().__init__(params, workers, momentum)
+        self.lc = lc
+        self.sent = self.theta.new_zeros(workers, self.d)
+        self._g = torch.empty_like(self.theta)
+
+    def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
+        super().pull(worker, lr, out)
+        self.sent[worker].copy_(out)
+        return out
+
+    def push(self, worker: int, message: Tensor, lr: float) -> bool:
+        compensated = delay_compensate(message, self.theta, self.sent[worker], self.lc, self._g)
+        return super().push(worker, compensated, lr)
+
+
+def delay_compensate(g: Tensor, theta: Tensor, sent: Tensor, lc: Tensor | float, out: Tensor):
+    """``out = g + lc * g * g * (theta - sent)`` (DC-ASGD's diagonal Hessian estimate)."""
+    torch.sub(theta, sent, out=out)
+    out.mul_(g).mul_(g).mul_(lc)
+    return out.add_(g)
+
+
+class DanaDc(Algorithm):
+    """DANA-Zero with DC-ASGD's delay compensation of each gradient."""
+
+    name = "dana-dc"
+    summary = "DANA-Zero plus DC-ASGD delay compensation g + lc*g*g*(theta - p_i)"
+    master_rule = DanaDcMaster
+
+    def __init__(self, momentum: float = 0.9, lc: float = 2.0):
+        super().__init__(momentum)
+        self.lc = check_nonnegative("lc", lc)
+
+
+class DanaGaMaster(DanaZeroMaster, GapPenalty):
+    state_keys = ("theta", "v", "S", "sent", "ema", "ema_steps", "lr_max")
+
+    def __init__(self, params: Tensor, workers: int, momentum: float, ema_decay: float, eps: float):
+        DanaZeroMaster.__init__(self, params, workers, momentum)
+        GapPenalty.__init__(self, ema_decay, eps)
+
+    def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
+        super().pull(worker, lr, out)
+        self.sent[worker].copy_(out)
+        return out
+
+    def push(self, worker: int, message: Tensor, lr: float) -> bool:
+        super().push(worker, self.penalize(worker, message, lr), lr)
+        self.observe(self.v[worker])
+        return True
+
+
+class DanaGa(Algorithm):
+    """DANA-Zero with the Gap-Aware penalty on each gradient."""
+
+    name = "dana-ga"
+    summary = "DANA-Zero plus the Gap-Aware staleness penalty"
+    master_rule = DanaGaMaster
+
+    def __init__(self, momentum: float = 0.9, ema_decay: float = 0.999, eps: float = 1e-8):
+        super().__init__(momentum)
+        self.ema_decay, self.eps = GapPenalty.check(ema_decay, eps)

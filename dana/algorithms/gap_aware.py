@@ -1,0 +1,100 @@
+"""Gap-Aware: a staleness penalty proportional to how far the master moved.
+
+Barkai, Hakimi, Schuster, "Gap Aware Mitigation of Gradient Staleness" (ICLR 2020).
+Each gradient is divided element-wise by ``G = 1 + |theta - p_i| / C``, where
+``C = lr_max * (sqrt(ema) + eps)`` is the typical size of one step per parameter:
+``ema`` is a bias-corrected moving average (decay 0.999) of the squared step direction
+(the momentum buffer, or the gradient when ``m = 0``) and ``lr_max`` the largest learning
+rate seen so far. The weight-decay part of ``g`` is penalised the same way, since it is
+part of ``g``. Before any step there is no scale yet and no penalty.
+
+``gap-aware`` applies the penalty to NAG-ASGD; ``dana-ga`` (in :mod:`dana.algorithms.dana`)
+to DANA-Zero.
+
+Example::
+
+    >>> import torch, dana.algorithms as A
+    >>> master = A.build("gap-aware", momentum=0.9).master(torch.zeros(2), workers=2)
+    >>> _ = master.pull(0, 0.1, torch.empty(2)), master.pull(1, 0.1, torch.empty(2))
+    >>> master.push(0, torch.ones(2), lr=0.1)
+    True
+    >>> master.theta  # worker 1 computed at the old theta: its push is damped below
+    tensor([-0.1000, -0.1000])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dana.algorithms.asgd import NagAsgdMaster
+from dana.algorithms.base import Algorithm, check_momentum, check_positive
+
+
+class GapPenalty:
+    """The penalty's state and arithmetic, mixed into a master that has ``theta``."""
+
+    theta: Tensor
+    workers: int
+
+    def __init__(self, ema_decay: float, eps: float):
+        self.ema_decay, self.eps = ema_decay, eps
+        self.sent = self.theta.new_zeros(self.workers, self.theta.numel())
+        self.ema = torch.zeros_like(self.theta)
+        self.ema_steps = 0
+        self.lr_max = 0.0
+        self._penalty = torch.empty_like(self.theta)
+        self._scaled = torch.empty_like(self.theta)
+
+    @staticmethod
+    def check(ema_decay: float, eps: float) -> tuple[float, float]:
+        if not 0.0 <= ema_decay < 1.0:
+            raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay!r}")
+        return float(ema_decay), check_positive("eps", eps)
+
+    def penalize(self, worker: int, g: Tensor, lr: float) -> Tensor:
+        """``g / (1 + |theta - p_i| / C)``, in a buffer of the master's."""
+        self.lr_max = max(self.lr_max, float(lr))
+        if self.ema_steps == 0:
+            return g
+        bias = 1.0 - self.ema_decay**self.ema_steps
+        C = self._penalty
+        torch.div(self.ema, bias, out=C).sqrt_().add_(self.eps).mul_(self.lr_max)
+        G = torch.sub(self.theta, self.sent[worker], out=self._scaled).abs_().div_(C).add_(1.0)
+        return torch.div(g, G, out=self._scaled)
+
+    def observe(self, direction: Tensor) -> None:
+        """Fold this step's direction into the moving average of its square."""
+        self.ema.mul_(self.ema_decay).addcmul_(direction, direction, value=1.0 - self.ema_decay)
+        self.ema_steps += 1
+
+
+class GapAwareMaster(NagAsgdMaster, GapPenalty):
+    state_keys = ("theta", "v", "sent", "ema", "ema_steps", "lr_max")
+
+    def __init__(self, params: Tensor, workers: int, momentum: float, ema_decay: float, eps: float):
+        NagAsgdMaster.__init__(self, params, workers, momentum)
+        GapPenalty.__init__(self, ema_decay, eps)
+
+    def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
+        super().pull(worker, lr, out)
+        self.sent[worker].copy_(out)
+        return out
+
+    def push(self, worker: int, message: Tensor, lr: float) -> bool:
+        g = self.penalize(worker, message, lr)
+        super().push(worker, g, lr)
+        self.observe(self.v if self.momentum > 0 else g)
+        return True
+
+
+class GapAware(Algorithm):
+    """NAG-ASGD with each gradient divided by its normalised gap."""
+
+    name = "gap-aware"
+    summary = "NAG-ASGD with the Gap-Aware penalty g / (1 + |theta - p_i| / C)"
+    master_rule = GapAwareMaster
+
+    def __init__(self, momentum: float = 0.9, ema_decay: float = 0.999, eps: float = 1e-8):
+        self.momentum = check_momentum(momentum)
+        self.ema_decay, self.eps = GapPenalty.check(ema_decay, eps)

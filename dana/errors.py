@@ -1,0 +1,18 @@
+"""User-facing errors.
+
+A :class:`DanaError` is a problem with the user's input (a bad option, a missing or
+corrupt file, an invalid config). The command line prints its message, without a
+traceback, and exits with status 2.
+"""
+
+
+class DanaError(Exception):
+    """Bad input from the user: the message says what is wrong and what to do."""
+
+
+class DataError(DanaError, ValueError):
+    """A dataset file is missing, truncated or not in the expected format."""
+
+
+class ConfigError(DanaError, ValueError):
+    """An option or a config file is out of range or invalid."""

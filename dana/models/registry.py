@@ -1,0 +1,104 @@
+"""Build a model by name: ``build_model("resnet20", 3, 32, 10)``.
+
+Names: ``resnetN`` (CIFAR-style ResNet, N = 6n+2: 20, 32, 44, 56, 110, ...),
+``wrn-D-W`` (Wide ResNet, D = 6n+4: ``wrn-16-4``, ``wrn-28-10``, ...), ``cnn``,
+``mlp`` and ``linear``. Construction draws from torch's global generator, so the
+same ``torch.manual_seed`` gives the same initial weights.
+"""
+
+from __future__ import annotations
+
+import re
+
+from torch import nn
+
+from dana.errors import ConfigError
+from dana.models.resnet import CifarResNet
+from dana.models.small import MLP, SmallCNN, linear_model
+from dana.models.wrn import WideResNet
+
+__all__ = ["MODELS", "build_model", "count_parameters"]
+
+MODELS = (
+    "resnet20",
+    "resnet32",
+    "resnet44",
+    "resnet56",
+    "resnet110",
+    "wrn-16-4",
+    "wrn-28-10",
+    "cnn",
+    "mlp",
+    "linear",
+)
+_VALID = (
+    "resnetN with N = 6n+2 (resnet20, resnet32, resnet44, resnet56, resnet110, ...), "
+    "wrn-D-W with D = 6n+4 and W >= 1 (wrn-16-4, wrn-28-10, ...), cnn, mlp, linear"
+)
+# Smallest image side each family accepts: the convnets downsample twice.
+_MIN_IMAGE_SIZE = {"resnet": 4, "wrn": 4, "cnn": 4, "mlp": 1, "linear": 1}
+
+
+def count_parameters(model: nn.Module) -> int:
+    """The number of trainable scalars in ``model``."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _parse(name: str) -> tuple[str, tuple[int, ...]]:
+    """Split a model name into its family and its numbers, or raise ConfigError."""
+    if name in ("cnn", "mlp", "linear"):
+        return name, ()
+    if m := re.fullmatch(r"resnet(\d+)", name):
+        depth = int(m.group(1))
+        if depth < 8 or (depth - 2) % 6:
+            raise ConfigError(
+                f"model {name!r}: ResNet depth must be 6n+2 with n >= 1 "
+                f"(8, 14, 20, 26, 32, 44, 56, 110, ...), got {depth}"
+            )
+        return "resnet", (depth,)
+    if m := re.fullmatch(r"wrn-(\d+)-(\d+)", name):
+        depth, width = int(m.group(1)), int(m.group(2))
+        if depth < 10 or (depth - 4) % 6:
+            raise ConfigError(
+                f"model {name!r}: Wide ResNet depth must be 6n+4 with n >= 1 "
+                f"(10, 16, 22, 28, 40, ...), got {depth}"
+            )
+        if width < 1:
+            raise ConfigError(f"model {name!r}: Wide ResNet width must be at least 1")
+        return "wrn", (depth, width)
+    raise ConfigError(f"unknown model {name!r}; valid: {_VALID}")
+
+
+def build_model(name: str, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+    """A freshly initialised model for ``in_channels x image_size x image_size`` inputs.
+
+    Raises :class:`ConfigError` for an unknown name, a depth not of the required
+    form, or a dataset the model cannot take (images too small, bad sizes).
+
+    >>> count_parameters(build_model("resnet20", in_channels=3, image_size=32, num_classes=10))
+    269722
+    """
+    family, numbers = _parse(name)
+    for what, value, low in (
+        ("in_channels", in_channels, 1),
+        ("image_size", image_size, 1),
+        ("num_classes", num_classes, 2),
+    ):
+        if value < low:
+            raise ConfigError(f"model {name!r}: {what} must be at least {low}, got {value}")
+    min_size = _MIN_IMAGE_SIZE[family]
+    if image_size < min_size:
+        raise ConfigError(
+            f"model {name!r} needs images of at least {min_size}x{min_size}; the dataset's "
+            f"images are {in_channels}x{image_size}x{image_size}"
+        )
+    in_features = in_channels * image_size * image_size
+    if family == "resnet":
+        return CifarResNet(numbers[0], in_channels, num_classes)
+    if family == "wrn":
+        return WideResNet(numbers[0], numbers[1], in_channels, num_classes)
+    if family == "cnn":
+        return SmallCNN(in_channels, image_size, num_classes)
+    if family == "mlp":
+        return MLP(in_features, num_classes)
+    return linear_model(in_features, num_classes)

@@ -1,0 +1,210 @@
+"""How long each gradient computation takes, in simulated time.
+
+A timing model draws the duration of worker ``i``'s next computation. The simulator
+calls :meth:`TimingModel.sample` once per computation, in event order, so the same seed
+gives the same durations.
+
+- ``constant``: every computation takes ``duration``: round robin, staleness ``k-1``.
+- ``gamma``: ``Gamma(shape, scale)`` for every worker; the DANA authors' values
+  ``shape=100, scale=1.28`` (mean 128, coefficient of variation 0.1).
+- ``heterogeneous``: the coefficient-of-variation method of Ali et al. (2000), "Task
+  execution time modeling for heterogeneous computing systems": each worker draws its
+  own mean once, ``mean_i ~ Gamma(1/machine_cv^2, mean*machine_cv^2)``, then each of its
+  computations takes ``Gamma(1/task_cv^2, mean_i*task_cv^2)``. Defaults (ours):
+  ``mean=128`` (as ``gamma``), ``machine_cv=0.3`` (workers' speeds spread by about
+  30%), ``task_cv=0.1`` (as ``gamma``'s jitter).
+- ``trace``: replay measured step times from a CSV file with a header
+  ``worker,duration`` and one row per computation (the format every Ray run writes to
+  ``step_times.csv``). Worker ``i`` replays the durations of trace worker
+  ``i % m`` (``m`` workers in the file) in order, cycling when they run out.
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dana.errors import ConfigError, DataError
+
+
+class TimingModel:
+    """Draws computation times; its state is the random generator's (and a position)."""
+
+    name: str = ""
+
+    def __init__(self, workers: int, seed: int = 0):
+        self.workers = workers
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+
+    def sample(self, worker: int) -> float:
+        raise NotImplementedError
+
+    def params(self) -> dict[str, Any]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]
+
+
+class Constant(TimingModel):
+    name = "constant"
+
+    def __init__(self, workers: int, seed: int = 0, duration: float = 1.0):
+        super().__init__(workers, seed)
+        self.duration = _positive("duration", duration)
+
+    def sample(self, worker: int) -> float:
+        return self.duration
+
+    def params(self) -> dict[str, Any]:
+        return {"duration": self.duration}
+
+
+class Gamma(TimingModel):
+    name = "gamma"
+
+    def __init__(self, workers: int, seed: int = 0, shape: float = 100.0, scale: float = 1.28):
+        super().__init__(workers, seed)
+        self.shape = _positive("shape", shape)
+        self.scale = _positive("scale", scale)
+
+    def sample(self, worker: int) -> float:
+        return float(self.rng.gamma(self.shape, self.scale))
+
+    def params(self) -> dict[str, Any]:
+        return {"shape": self.shape, "scale": self.scale}
+
+
+class Heterogeneous(TimingModel):
+    name = "heterogeneous"
+
+    def __init__(
+        self,
+        workers: int,
+        seed: int = 0,
+        mean: float = 128.0,
+        machine_cv: float = 0.3,
+        task_cv: float = 0.1,
+    ):
+        super().__init__(workers, seed)
+        self.mean = _positive("mean", mean)
+        self.machine_cv = _positive("machine_cv", machine_cv)
+        self.task_cv = _positive("task_cv", task_cv)
+        shape = 1.0 / machine_cv**2
+        self.worker_means = self.rng.gamma(shape, mean / shape, size=workers)
+
+    def sample(self, worker: int) -> float:
+        shape = 1.0 / self.task_cv**2
+        return float(self.rng.gamma(shape, self.worker_means[worker] / shape))
+
+    def params(self) -> dict[str, Any]:
+        return {"mean": self.mean, "machine_cv": self.machine_cv, "task_cv": self.task_cv}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "worker_means": self.worker_means.tolist()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.worker_means = np.asarray(state["worker_means"], dtype=float)
+
+
+class Trace(TimingModel):
+    name = "trace"
+
+    def __init__(self, workers: int, seed: int = 0, path: str | None = None):
+        super().__init__(workers, seed)
+        if not path:
+            raise ConfigError("timing 'trace' needs a file: pass --timing-trace FILE")
+        self.path = str(path)
+        self.durations = read_trace(path)
+        self.position = [0] * workers
+
+    def sample(self, worker: int) -> float:
+        series = self.durations[worker % len(self.durations)]
+        value = series[self.position[worker] % len(series)]
+        self.position[worker] += 1
+        return value
+
+    def params(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "position": list(self.position)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.position = [int(p) for p in state["position"]]
+
+
+def read_trace(path: str | Path) -> list[list[float]]:
+    """Per-worker durations from a ``worker,duration`` CSV, workers renumbered 0..m-1."""
+    path = Path(path)
+    try:
+        with path.open(newline="") as f:
+            rows = list(csv.reader(f))
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the timing trace: {e.strerror}") from None
+    if not rows or [c.strip() for c in rows[0][:2]] != ["worker", "duration"]:
+        raise DataError(f"{path}: a timing trace must start with the header 'worker,duration'")
+    series: dict[str, list[float]] = {}
+    for line, row in enumerate(rows[1:], start=2):
+        if not row:
+            continue
+        try:
+            worker, duration = row[0].strip(), float(row[1])
+        except (IndexError, ValueError):
+            raise DataError(f"{path}:{line}: expected 'worker,duration', got {row!r}") from None
+        if not (math.isfinite(duration) and duration > 0):
+            raise DataError(f"{path}:{line}: duration must be a positive number, got {row[1]!r}")
+        series.setdefault(worker, []).append(duration)
+    if not series:
+        raise DataError(f"{path}: the timing trace has no rows")
+    return [series[w] for w in sorted(series, key=_worker_key)]
+
+
+def write_trace(path: str | Path, rows: list[tuple[int, float]]) -> None:
+    """Write ``(worker, duration)`` rows in the format :func:`read_trace` reads."""
+    with Path(path).open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["worker", "duration"])
+        writer.writerows((w, repr(float(t))) for w, t in rows)
+
+
+def _worker_key(worker: str) -> tuple[int, str]:
+    return (int(worker), "") if worker.isdigit() else (1 << 62, worker)
+
+
+def _positive(name: str, value: float) -> float:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ConfigError(f"timing parameter {name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+TIMING_MODELS: dict[str, type[TimingModel]] = {
+    cls.name: cls for cls in (Constant, Gamma, Heterogeneous, Trace)
+}
+
+
+def build_timing(name: str, workers: int, seed: int = 0, **params: Any) -> TimingModel:
+    """Build the timing model ``name`` for ``workers`` workers."""
+    if name not in TIMING_MODELS:
+        raise ConfigError(
+            f"unknown timing model {name!r}; choose one of: {', '.join(TIMING_MODELS)}"
+        )
+    cls = TIMING_MODELS[name]
+    accepted = [p for p in inspect.signature(cls.__init__).parameters][3:]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ConfigError(
+            f"timing {name!r} takes no parameter {', '.join(unknown)}; "
+            f"it takes: {', '.join(accepted)}"
+        )
+    return cls(workers, seed, **params)

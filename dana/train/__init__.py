@@ -1,0 +1,1 @@
+"""What the simulator and the distributed runtime share."""

@@ -1,0 +1,50 @@
+"""The learning-rate schedule: linear warm-up, then step decay.
+
+As in the DANA authors' code: over the first ``warmup_epochs`` the rate grows linearly,
+per update, from ``lr / workers`` to ``lr``; afterwards it is multiplied by
+``decay_factor`` (0.1) at each epoch in ``decay_epochs``. Progress is measured in epochs
+of data consumed (fractional), so asynchronous runs and SSGD's rounds share one clock.
+
+    >>> s = LRSchedule(0.1, workers=4, warmup_epochs=1, decay_epochs=(2,))
+    >>> s(0.0), s(0.5), s(1.5), s(2.0)
+    (0.025, 0.0625, 0.1, 0.010000000000000002)
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    lr: float
+    workers: int = 1
+    warmup_epochs: float = 0.0
+    decay_epochs: Sequence[float] = field(default_factory=tuple)
+    decay_factor: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if not self.warmup_epochs >= 0:
+            raise ValueError(f"warmup_epochs must be >= 0, got {self.warmup_epochs!r}")
+        if not 0 < self.decay_factor <= 1:
+            raise ValueError(f"decay_factor must be in (0, 1], got {self.decay_factor!r}")
+        epochs = tuple(float(e) for e in self.decay_epochs)
+        if any(e <= 0 for e in epochs) or list(epochs) != sorted(epochs):
+            raise ValueError(
+                f"decay_epochs must be positive and increasing, got {list(self.decay_epochs)}"
+            )
+        object.__setattr__(self, "decay_epochs", epochs)
+
+    def __call__(self, epoch: float) -> float:
+        """The learning rate at ``epoch`` (fractional epochs of data consumed)."""
+        if epoch < self.warmup_epochs:
+            start = self.lr / self.workers
+            lr = start + (self.lr - start) * epoch / self.warmup_epochs
+        else:
+            lr = self.lr
+        return lr * self.decay_factor ** bisect.bisect_right(self.decay_epochs, epoch)
