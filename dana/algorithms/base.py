@@ -112,7 +112,20 @@ class WorkerRule:
         self.d = d
         self.dtype = dtype
 
-    def message(self, worker: int, grad: Tensor) -> Tensor:
+    def compute_at(self, worker: int, pulled: Tensor) -> Tensor:
+        """The parameters ``worker`` computes its next gradient at, given what it pulled.
+
+        The default is the pulled parameters. A rule whose workers keep parameters of
+        their own (local steps, as in EASGD) returns those.
+        """
+        return pulled
+
+    def message(self, worker: int, grad: Tensor) -> Tensor | None:
+        """Turn ``worker``'s gradient into the message it pushes.
+
+        ``None`` means a local step: nothing is pushed, and the worker computes again
+        without pulling. The default sends the gradient itself.
+        """
         return grad
 
     def theta_offset(self, lr: float) -> Tensor | None:

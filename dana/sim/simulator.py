@@ -137,7 +137,8 @@ class Simulator:
         self.batch: list[Any] = [None] * self.k
         self.queue: list[tuple[float, int]] = []  # (finish time, worker)
         self.updates = 0  # master updates applied
-        self.pushes = 0
+        self.steps = 0  # gradient computations processed
+        self.pushes = 0  # messages pushed to the master
         self.sim_time = 0.0
         self.log = PushLog()
         for i in range(self.k):
@@ -147,8 +148,8 @@ class Simulator:
 
     @property
     def epoch(self) -> float:
-        """Epochs of data consumed by the pushes processed so far."""
-        return self.pushes / self.batches.batches_per_epoch
+        """Epochs of data consumed by the gradient computations processed so far."""
+        return self.steps / self.batches.batches_per_epoch
 
     def lr(self) -> float:
         return self.schedule(self.epoch)
@@ -168,8 +169,10 @@ class Simulator:
             return
         finish, i = heapq.heappop(self.queue)
         self.sim_time = finish
-        self._push(i)
-        self._pull(i)
+        if self._push(i):
+            self._pull(i)
+        else:
+            self.batch[i] = self.batches.next()
         heapq.heappush(self.queue, (finish + self.timing.sample(i), i))
 
     def run(
@@ -178,7 +181,7 @@ class Simulator:
         epochs: float | None = None,
         callback: Callable[[Simulator], bool | None] | None = None,
     ) -> None:
-        """Step until ``pushes`` pushes (or ``epochs`` epochs) have been processed in all.
+        """Step until ``pushes`` gradient computations (or ``epochs`` epochs) are processed.
 
         ``callback(sim)`` runs after every step; returning True stops the run.
         """
@@ -186,13 +189,14 @@ class Simulator:
             raise ValueError("give exactly one of pushes= or epochs=")
         if pushes is None:
             pushes = round(epochs * self.batches.batches_per_epoch)
-        while self.pushes < pushes:
+        while self.steps < pushes:
             self.step()
             if callback is not None and callback(self):
                 break
 
-    def _push(self, i: int) -> None:
-        p = self.sent[i]
+    def _push(self, i: int) -> bool:
+        """Compute worker ``i``'s gradient and push its message; False for a local step."""
+        p = self.workers.compute_at(i, self.sent[i])
         grad, loss = self.gradient(p, self.batch[i])
         if self.weight_decay:
             grad.add_(p, alpha=self.weight_decay)
@@ -200,12 +204,16 @@ class Simulator:
         gap = self._gap(i, lr) if self.measure_gap else math.nan
         staleness = self.updates - self.pulled_at[i]
         message = self.workers.message(i, grad)
+        self.steps += 1
+        if message is None:
+            return False
         if self.master.push(i, message, lr):
             self.updates += 1
         self.pushes += 1
         self.log.append(
             worker=i, staleness=staleness, gap=gap, loss=loss, lr=lr, sim_time=self.sim_time
         )
+        return True
 
     def _pull(self, i: int) -> None:
         self.master.pull(i, self.lr(), out=self.sent[i])
@@ -230,6 +238,7 @@ class Simulator:
             "batch": [b.clone() if isinstance(b, Tensor) else b for b in self.batch],
             "queue": [[t, i] for t, i in self.queue],
             "updates": self.updates,
+            "steps": self.steps,
             "pushes": self.pushes,
             "sim_time": self.sim_time,
             "timing": self.timing.state_dict(),
@@ -251,6 +260,7 @@ class Simulator:
         self.queue = [(float(t), int(i)) for t, i in state["queue"]]
         heapq.heapify(self.queue)
         self.updates, self.pushes = int(state["updates"]), int(state["pushes"])
+        self.steps = int(state["steps"])
         self.sim_time = float(state["sim_time"])
         self.timing.load_state_dict(state["timing"])
         self.batches.load_state_dict(state["batches"])
