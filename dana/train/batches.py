@@ -50,7 +50,9 @@ class BatchStream:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if len(state["perm"]) != self.n:
-            raise ValueError(f"batch stream state is for {len(state['perm'])} examples, not {self.n}")
+            raise ValueError(
+                f"batch stream state is for {len(state['perm'])} examples, not {self.n}"
+            )
         self.generator.set_state(state["generator"])
         self.perm = state["perm"].clone()
         self.position = int(state["position"])

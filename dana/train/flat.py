@@ -45,7 +45,9 @@ class FlatModel:
     def load(self, params: Tensor) -> None:
         self.flat.copy_(params)
 
-    def gradient(self, params: Tensor, x: Tensor, y: Tensor, loss_fn: LossFn) -> tuple[Tensor, float]:
+    def gradient(
+        self, params: Tensor, x: Tensor, y: Tensor, loss_fn: LossFn
+    ) -> tuple[Tensor, float]:
         """The gradient of ``loss_fn(model(x), y)`` at ``params``, and the loss.
 
         The returned tensor is this model's gradient buffer: use it before the next call.

@@ -1,0 +1,296 @@
+"""The ``dana`` command.
+
+Exit status: 0 success; 2 bad input (the message says what and how to fix it; nothing
+is left half-written); 3 the training diverged (a result: ``summary.json`` says where);
+1 an unexpected internal error; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Any
+
+EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def _defaults() -> dict[str, Any]:
+    from dana.train.config import TrainConfig
+
+    return {f.name: getattr(TrainConfig(), f.name) for f in dataclasses.fields(TrainConfig)}
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like '80,120', got {text!r}") from None
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.replace("-", "_"), yaml.safe_load(value)
+
+
+# (option, dest in TrainConfig, type, help); defaults come from TrainConfig.
+TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
+    ("--algorithm", "algorithm", str, "algorithm name (see `dana algorithms`)"),
+    ("--workers", "workers", int, "number of asynchronous workers k"),
+    ("--dataset", "dataset", str, "fashion-mnist, mnist, cifar10, cifar100 or synthetic"),
+    ("--data-dir", "data_dir", str, "directory holding the dataset's files"),
+    ("--train-size", "train_size", int, "use only the first N training examples"),
+    ("--test-size", "test_size", int, "use only the first N test examples"),
+    ("--model", "model", str, "resnet20/32/44/56 (resnetN), wrn-16-4 (wrn-D-W), cnn, mlp, linear"),
+    ("--epochs", "epochs", float, "epochs of training data to consume"),
+    ("--batch-size", "batch_size", int, "batch size per worker"),
+    ("--lr", "lr", float, "learning rate (after warm-up, before decay)"),
+    ("--momentum", "momentum", float, "momentum, for the algorithms that have one"),
+    ("--weight-decay", "weight_decay", float, "weight decay, added to each gradient"),
+    (
+        "--lr-decay-epochs",
+        "lr_decay_epochs",
+        _floats,
+        "epochs where lr is multiplied by --lr-decay-factor, e.g. 80,120",
+    ),
+    ("--lr-decay-factor", "lr_decay_factor", float, "learning-rate decay factor"),
+    ("--warmup-epochs", "warmup_epochs", float, "linear warm-up from lr/k to lr over these epochs"),
+    ("--timing", "timing", str, "timing model: constant, gamma, heterogeneous or trace"),
+    ("--seed", "seed", int, "random seed (data order, init, timing)"),
+    ("--eval-every", "eval_every", float, "evaluate every this many epochs"),
+    (
+        "--checkpoint-every",
+        "checkpoint_every",
+        float,
+        "checkpoint every this many epochs (0: never)",
+    ),
+    ("--dtype", "dtype", str, "float32 or float64"),
+    ("--backend", "backend", str, "sim (the simulator) or ray (real workers on Ray)"),
+    ("--address", "address", str, "with --backend ray: the address of a running Ray cluster"),
+    ("--servers", "servers", int, "with --backend ray: parameter-server shards"),
+]
+
+TIMING_OPTIONS = [
+    ("--timing-shape", "shape", float, "gamma: shape (default 100)"),
+    ("--timing-scale", "scale", float, "gamma: scale (default 1.28)"),
+    ("--timing-mean", "mean", float, "heterogeneous: mean step time (default 128)"),
+    (
+        "--timing-machine-cv",
+        "machine_cv",
+        float,
+        "heterogeneous: spread of worker speeds (default 0.3)",
+    ),
+    (
+        "--timing-task-cv",
+        "task_cv",
+        float,
+        "heterogeneous: spread of one worker's steps (default 0.1)",
+    ),
+    ("--timing-duration", "duration", float, "constant: step time (default 1)"),
+    ("--timing-trace", "path", str, "trace: CSV file of worker,duration rows"),
+]
+
+
+def add_train_options(parser: argparse.ArgumentParser) -> None:
+    """The options of `dana train` (also accepted by `dana sweep` as fixed settings)."""
+    defaults = _defaults()
+    S = argparse.SUPPRESS
+    for flag, dest, type_, help_ in TRAIN_OPTIONS:
+        parser.add_argument(
+            flag, dest=dest, type=type_, default=S, help=f"{help_} (default: {defaults[dest]})"
+        )
+    parser.add_argument(
+        "--augment",
+        dest="augment",
+        action="store_true",
+        default=S,
+        help="augment training images (default: on for CIFAR)",
+    )
+    parser.add_argument(
+        "--no-augment",
+        dest="augment",
+        action="store_false",
+        default=S,
+        help="do not augment training images",
+    )
+    parser.add_argument(
+        "--tensorboard",
+        dest="tensorboard",
+        action="store_true",
+        default=S,
+        help="also write TensorBoard logs to OUT/tensorboard (default: off)",
+    )
+    group = parser.add_argument_group("timing model parameters")
+    for flag, key, type_, help_ in TIMING_OPTIONS:
+        group.add_argument(flag, dest=f"timing.{key}", type=type_, default=S, help=help_)
+    algo = parser.add_argument_group("algorithm hyper-parameters")
+    algo.add_argument(
+        "--lc",
+        dest="algo.lc",
+        type=float,
+        default=S,
+        help="dc-asgd / dana-dc: delay-compensation coefficient (defaults 0.04 / 2)",
+    )
+    algo.add_argument(
+        "--algo-param",
+        dest="algo_param",
+        type=_key_value,
+        action="append",
+        default=S,
+        metavar="KEY=VALUE",
+        help="any other hyper-parameter of the algorithm, e.g. nesterov=true (repeatable)",
+    )
+    parser.add_argument(
+        "--config",
+        dest="config_file",
+        default=S,
+        metavar="FILE",
+        help="YAML or JSON file of options; options given on the command line override it (a run's config.json reruns it)",
+    )
+
+
+def collect_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The TrainConfig values given: from --config, overridden by the command line."""
+    from dana.train.config import TrainConfig
+
+    given = vars(args)
+    values: dict[str, Any] = {}
+    if "config_file" in given:
+        values.update(TrainConfig.from_file(given["config_file"]))
+    timing = dict(values.get("timing_params") or {})
+    algo = dict(values.get("algorithm_params") or {})
+    for key, value in given.items():
+        if key.startswith("timing."):
+            timing[key[7:]] = value
+        elif key.startswith("algo."):
+            algo[key[5:]] = value
+        elif key == "algo_param":
+            algo.update(dict(value))
+        elif key in {f.name for f in dataclasses.fields(TrainConfig)}:
+            values[key] = value
+    if timing:
+        values["timing_params"] = timing
+    if algo:
+        values["algorithm_params"] = algo
+    return values
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from dana import __version__
+    from dana.train.config import TrainConfig
+    from dana.train.progress import format_table
+    from dana.train.rundir import RunDir
+    from dana.train.runner import train
+
+    if args.resume:
+        run = RunDir(args.resume)
+        values = run.read_config()
+        if run.finished():
+            print(f"{run.path}: the run has already finished; see {run.summary}")
+            return EXIT_DIVERGED if run.read_summary().get("diverged") else EXIT_OK
+        config = TrainConfig.from_dict(values, str(run.config))
+        out = run.path
+    else:
+        config = TrainConfig.from_dict(collect_options(args), "options")
+        out = args.out
+    summary = train(
+        config, out, resume=bool(args.resume), progress=not args.quiet, version=__version__
+    )
+    rows = RunDir(out).read_metrics()
+    print(format_table(rows))
+    if summary["diverged"]:
+        print(
+            f"DIVERGED: {config.algorithm} with {config.workers} workers diverged at update "
+            f"{summary['diverged_at_update']} (loss became NaN or infinite). Results in {out}."
+        )
+        return EXIT_DIVERGED
+    print(
+        f"{config.algorithm}, {config.workers} workers: final test error "
+        f"{100 * summary['final_test_error']:.2f}% (best {100 * summary['best_test_error']:.2f}%), "
+        f"mean gap {summary['mean_gap']:.3g}, mean staleness {summary['mean_staleness']:.1f}. "
+        f"Results in {out}."
+    )
+    return EXIT_OK
+
+
+def cmd_algorithms(args: argparse.Namespace) -> int:
+    from dana import algorithms
+
+    width = max(map(len, algorithms.ALGORITHMS))
+    for name, cls in algorithms.ALGORITHMS.items():
+        params = ", ".join(algorithms.hparam_names(name)) or "-"
+        print(f"{name:<{width}}  {cls.summary}  [{params}]")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dana",
+        description="Asynchronous distributed training with momentum: DANA, its baselines, "
+        "an exact simulator of k workers, and a Ray runtime.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "train",
+        help="train a model with k asynchronous workers",
+        description="Train a model with k simulated (or Ray) asynchronous workers; writes a run directory.",
+    )
+    add_train_options(p)
+    p.add_argument(
+        "--out", default="runs/latest", help="run directory to write (default: runs/latest)"
+    )
+    p.add_argument(
+        "--resume",
+        metavar="DIR",
+        default=None,
+        help="continue the run in DIR from its last checkpoint",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser(
+        "algorithms",
+        help="list the algorithms",
+        description="List the algorithms with one line each and their hyper-parameters.",
+    )
+    p.set_defaults(func=cmd_algorithms)
+
+    for register in _extra_commands():
+        register(sub)
+    return parser
+
+
+def _extra_commands() -> list:
+    """Subcommands defined in other modules (sweep, report)."""
+    commands = []
+    try:
+        from dana.experiments.cli import register_commands
+
+        commands.append(register_commands)
+    except ImportError:
+        pass
+    return commands
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dana.errors import DanaError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except DanaError as e:
+        print(f"dana: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("dana: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
