@@ -1,0 +1,90 @@
+"""``dana.simulate`` and the runnable examples in the core modules' docstrings."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+import torch
+
+import dana
+
+DOCTEST_MODULES = [
+    "dana.api",
+    "dana.algorithms",
+    "dana.algorithms.base",
+    "dana.algorithms.asgd",
+    "dana.algorithms.dana",
+    "dana.algorithms.dc_asgd",
+    "dana.algorithms.gap_aware",
+    "dana.algorithms.ssgd",
+    "dana.sim.simulator",
+    "dana.sim.timing",
+    "dana.train.schedule",
+    "dana.train.batches",
+    "dana.train.flat",
+]
+
+# The modules whose docstrings promise an example: it must be there, not only pass.
+WITH_EXAMPLES = set(DOCTEST_MODULES) - {"dana.algorithms.base", "dana.sim.timing"}
+
+
+@pytest.mark.parametrize("module", DOCTEST_MODULES)
+def test_docstring_examples(module):
+    mod = importlib.import_module(module)
+    result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS, report=True, verbose=False)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed"
+    if module in WITH_EXAMPLES:
+        assert result.attempted > 0
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 10, generator=g)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    return x, y
+
+
+def _model():
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+
+
+def test_simulate_trains_and_leaves_the_master_params_in_the_model():
+    x, y = _data()
+    model = _model()
+    before = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    result = dana.simulate(
+        model, x, y, algorithm="dana-zero", workers=4, lr=0.05, epochs=2, batch_size=16
+    )
+    after = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    assert not torch.equal(before, after)
+    assert torch.equal(after, result.simulator.params())
+    assert len(result.log) == 2 * 256 // 16
+    loss, error = result.evaluate(x, y)
+    assert error < 0.2 and loss < 0.5
+
+
+def test_simulate_is_deterministic():
+    x, y = _data()
+    a = dana.simulate(_model(), x, y, workers=3, lr=0.05, epochs=1, batch_size=16, seed=4)
+    b = dana.simulate(_model(), x, y, workers=3, lr=0.05, epochs=1, batch_size=16, seed=4)
+    assert torch.equal(a.simulator.params(), b.simulator.params())
+    assert list(a.log.worker) == list(b.log.worker)
+
+
+def test_simulate_passes_hyper_parameters():
+    x, y = _data()
+    # asgd takes no momentum: simulate does not pass one.
+    r = dana.simulate(_model(), x, y, algorithm="asgd", workers=2, epochs=0.5, batch_size=16)
+    assert r.simulator.algorithm.hparams() == {}
+    r = dana.simulate(
+        _model(), x, y, algorithm="ssgd", workers=2, epochs=0.5, batch_size=16, nesterov=True
+    )
+    assert r.simulator.algorithm.hparams() == {"momentum": 0.9, "nesterov": True}
+    with pytest.raises(ValueError, match="'dana-fat'"):
+        dana.simulate(_model(), x, y, algorithm="dana-fat")
+    with pytest.raises(ValueError, match="'lc'"):
+        dana.simulate(_model(), x, y, algorithm="dana-slim", lc=1.0)
