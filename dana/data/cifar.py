@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dana.data.files import write_atomic
+from dana.atomic import write_atomic
 from dana.errors import DataError
 
 __all__ = [
@@ -52,9 +52,7 @@ CIFAR100_FILES = ("train.bin", "test.bin")
 Splits = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def find_cifar_dir(
-    data_dir: str | os.PathLike[str], folder: str, files: tuple[str, ...]
-) -> Path:
+def find_cifar_dir(data_dir: str | os.PathLike[str], folder: str, files: tuple[str, ...]) -> Path:
     """The folder holding all of ``files``: ``data_dir`` itself or ``data_dir/folder``.
 
     Raises :class:`DataError` listing the expected files and the places looked in.
@@ -116,7 +114,8 @@ def _check_labels(path: Path, labels: np.ndarray, num_classes: int, what: str) -
     if bad.size:
         raise DataError(
             f"{path}: {what} out of range: record {int(bad[0])} has {what} "
-            f"{int(labels[bad[0]])}, valid 0..{num_classes - 1} ({bad.size} bad records)"
+            f"{int(labels[bad[0]])}, valid 0..{num_classes - 1} (records with a bad {what}: "
+            f"{bad.size})"
         )
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dana.data.files import write_atomic
+from dana.atomic import write_atomic
 from dana.errors import DataError
 
 __all__ = ["read_idx", "write_idx"]
@@ -79,8 +79,11 @@ def read_idx(path: str | os.PathLike[str]) -> torch.Tensor:
     gzip, has a bad magic number, or holds fewer or more data bytes than its
     header announces.
 
-    >>> read_idx("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz").shape
-    torch.Size([10000])
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     write_idx(f"{d}/labels-idx1-ubyte.gz", torch.tensor([3, 1, 4], dtype=torch.uint8))
+    ...     read_idx(f"{d}/labels-idx1-ubyte.gz")
+    tensor([3, 1, 4], dtype=torch.uint8)
     """
     path = Path(path)
     data = _read_bytes(path)
@@ -108,9 +111,7 @@ def read_idx(path: str | os.PathLike[str]) -> torch.Tensor:
     expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     found = len(data) - header_size
     if found < expected:
-        raise DataError(
-            f"{path}: truncated: header says {expected} bytes of data, found {found}"
-        )
+        raise DataError(f"{path}: truncated: header says {expected} bytes of data, found {found}")
     if found > expected:
         raise DataError(
             f"{path}: trailing garbage: header says {expected} bytes of data, found {found}"
@@ -125,9 +126,7 @@ def write_idx(path: str | os.PathLike[str], tensor: torch.Tensor) -> None:
 
     Supported dtypes: uint8 (the MNIST type), int8, int16, int32, float32, float64.
     The file appears complete or not at all (written to a temporary name, then
-    renamed).
-
-    >>> write_idx("/tmp/labels-idx1-ubyte.gz", torch.tensor([3, 1, 4], dtype=torch.uint8))
+    renamed). See :func:`read_idx` for an example.
     """
     path = Path(path)
     if tensor.dtype not in _TORCH_TO_CODE:

@@ -78,7 +78,7 @@ def build_model(name: str, in_channels: int, image_size: int, num_classes: int) 
     >>> count_parameters(build_model("resnet20", in_channels=3, image_size=32, num_classes=10))
     269722
     """
-    family, numbers = _parse(name)
+    family, numbers = _parse(name.strip().lower())
     for what, value, low in (
         ("in_channels", in_channels, 1),
         ("image_size", image_size, 1),
