@@ -15,6 +15,15 @@ from typing import Any
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, without breaking names like ``dana-slim`` at their hyphen."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def _defaults() -> dict[str, Any]:
     from dana.train.config import TrainConfig
 
@@ -60,6 +69,12 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--lr-decay-factor", "lr_decay_factor", float, "learning-rate decay factor"),
     ("--warmup-epochs", "warmup_epochs", float, "linear warm-up from lr/k to lr over these epochs"),
     ("--timing", "timing", str, "timing model: constant, gamma, heterogeneous or trace"),
+    (
+        "--max-staleness",
+        "max_staleness",
+        int,
+        "bounded staleness: workers wait so that no push is more than this many updates stale",
+    ),
     ("--seed", "seed", int, "random seed (data order, init, timing)"),
     ("--eval-every", "eval_every", float, "evaluate every this many epochs"),
     (
@@ -72,6 +87,13 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--backend", "backend", str, "sim (the simulator) or ray (real workers on Ray)"),
     ("--address", "address", str, "with --backend ray: the address of a running Ray cluster"),
     ("--servers", "servers", int, "with --backend ray: parameter-server shards"),
+    (
+        "--time-scale",
+        "time_scale",
+        float,
+        "with --backend ray: emulate the --timing model, padding each step to its "
+        "duration times this many seconds (0.001: the model's numbers are ms; 0: no delay)",
+    ),
 ]
 
 TIMING_OPTIONS = [
@@ -230,6 +252,7 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dana",
+        formatter_class=HelpFormatter,
         description="Asynchronous distributed training with momentum: DANA, its baselines, "
         "an exact simulator of k workers, and a Ray runtime.",
     )
@@ -237,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "train",
+        formatter_class=HelpFormatter,
         help="train a model with k asynchronous workers",
         description="Train a model with k simulated (or Ray) asynchronous workers; writes a run directory.",
     )

@@ -267,7 +267,7 @@ def test_dataset_model_mismatch(tmp_path):
     data = idx_dir(tmp_path, image_size=3)
     out = tmp_path / "run"
     result = dana("train", "--dataset", "mnist", "--data-dir", str(data), "--model", "cnn",
-                  "--out", str(out))  # fmt: skip
+                  "--batch-size", "16", "--out", str(out))  # fmt: skip
     assert_bad_input(result, "cnn", "3x3")
     assert not out.exists()
 
@@ -304,7 +304,7 @@ def test_help_and_algorithm_list():
     for command in ([], ["train"], ["algorithms"]):
         result = dana(*command, "--help")
         assert result.returncode == 0 and "usage" in result.stdout
-    assert "(default: dana-slim)" in dana("train", "--help").stdout
+    assert "(default: dana-slim)" in " ".join(dana("train", "--help").stdout.split())
     listing = dana("algorithms").stdout
     from dana.algorithms import ALGORITHMS
 

@@ -1,10 +1,12 @@
 """Every algorithm as a pair of rules over flat tensors, found by name.
 
+Example::
+
     >>> import dana.algorithms as A
     >>> A.build("dana-slim", momentum=0.9)
     DanaSlim(momentum=0.9)
     >>> sorted(A.ALGORITHMS)[:3]
-    ['asgd', 'dana-dc', 'dana-ga']
+    ['asgd', 'dana-dc', 'dana-easgd']
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ from typing import Any
 from dana.algorithms.asgd import Asgd, MultiAsgd, NagAsgd
 from dana.algorithms.base import Algorithm, MasterRule, WorkerRule
 from dana.algorithms.dana import DanaDc, DanaGa, DanaSlim, DanaZero
+from dana.algorithms.dana_easgd import DanaEasgd
 from dana.algorithms.dc_asgd import DcAsgd
+from dana.algorithms.easgd import Eamsgd, Easgd
 from dana.algorithms.gap_aware import GapAware
+from dana.algorithms.sa_asgd import SaAsgd
 from dana.algorithms.ssgd import Ssgd
+from dana.algorithms.yellowfin import YellowFin, YellowFinClosedLoop
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
@@ -32,6 +38,12 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
         DanaSlim,
         DanaDc,
         DanaGa,
+        SaAsgd,
+        YellowFin,
+        YellowFinClosedLoop,
+        Easgd,
+        Eamsgd,
+        DanaEasgd,
     )
 }
 

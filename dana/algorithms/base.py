@@ -5,8 +5,9 @@ rules"), whoever drives it (the simulator or the Ray runtime):
 
 1. pull: ``master.pull(i, lr, out)`` writes into ``out`` the parameters worker ``i``
    computes its next gradient at;
-2. the worker computes ``g = grad f(p_i) + wd * p_i`` and turns it into a message with
-   ``workers.message(i, g)``;
+2. the worker computes ``g = grad f(p_i) + wd * p_i`` at ``p = workers.compute_at(i,
+   pulled)`` and turns it into a message with ``workers.set_lr(lr)`` then
+   ``workers.message(i, g)`` (``None``: a local step, nothing is pushed);
 3. push: ``master.push(i, message, lr)`` applies it, and says whether the master's
    parameters moved (a synchronous master moves once every ``k`` pushes).
 
@@ -119,6 +120,14 @@ class WorkerRule:
         their own (local steps, as in EASGD) returns those.
         """
         return pulled
+
+    def set_lr(self, lr: float) -> None:
+        """Receive the learning rate of the step about to be turned into a message.
+
+        Every runner calls it just before each :meth:`message`, with the ``lr`` it then
+        passes to the master's push. Rules whose workers take steps of their own (EASGD's
+        local steps) keep it; the default ignores it.
+        """
 
     def message(self, worker: int, grad: Tensor) -> Tensor | None:
         """Turn ``worker``'s gradient into the message it pushes.

@@ -14,6 +14,31 @@ its pull and this push), the gap ``RMS(theta_now - p_i)`` against the master's t
 parameters (rebuilt from the workers' momenta for ``dana-slim``), the loss, the learning
 rate and the simulated time. The same seed gives the same run, bit for bit on the CPU.
 
+Bounded staleness (``max_staleness=s``, stale synchronous parallel), the rule a runner
+mirrors: no push is applied with a staleness above ``s``. The in-flight workers (pulled,
+not yet pushed; a worker taking local steps stays in flight) are kept in the order of
+their pulls. With ``U`` the master's updates so far and ``p_j`` the updates at worker
+``j``'s pull, the invariant is: the ``r``-th oldest in-flight worker has
+``U - p_j + r - 1 <= s`` (it could still push within ``s`` if the ``r - 1`` older ones
+pushed first). Two gates keep it:
+
+- start: a worker pulls (starts computing) only while fewer than ``s + 1`` workers are
+  in flight; otherwise it waits, idle;
+- push: a finished worker's push is applied only if every older in-flight worker
+  ``j``, of rank ``r``, has room for one more update: ``U - p_j + r <= s``; otherwise
+  the push is held and its worker waits. The oldest in-flight worker is never held, so
+  the run cannot deadlock.
+
+After each applied push, held pushes are retried in the order they were held, then idle
+workers start in the order they began to wait. Waiting takes simulated time: a worker
+held or idle resumes at the time of the push that frees it; ``wait_time`` sums these
+waits over workers and ``waits`` counts them. A held worker's gradient and message are
+computed when it finishes; its staleness and gap are logged when its push is applied.
+Every push counts as an update in the gates (exact for every asynchronous rule). With
+``s = 0`` one worker computes at a time; a synchronous algorithm (``ssgd``) runs in
+rounds whose staleness is 0 (its barrier is the ``s = 0`` of an averaging master) and
+ignores the bound. ``max_staleness=None`` (the default) never waits.
+
 Example::
 
     >>> import torch, dana
@@ -71,7 +96,9 @@ class PushLog:
         return {name: np.asarray(getattr(self, name)[start:stop]) for name in self.columns}
 
     def state_dict(self) -> dict[str, Tensor]:
-        return {name: torch.from_numpy(np.asarray(getattr(self, name))) for name in self.columns}
+        # np.array copies: a view would pin the array.array's buffer, and the next append
+        # would raise BufferError (and the snapshot would not be one).
+        return {name: torch.from_numpy(np.array(getattr(self, name))) for name in self.columns}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         for name in self.columns:
@@ -95,6 +122,8 @@ class Simulator:
         timing: a timing model or its name (``constant``, ``gamma``,
             ``heterogeneous``, ``trace``), built with ``timing_params`` and ``seed``.
         measure_gap: record the gap of every push (O(d) per push).
+        max_staleness: bound every push's staleness by this (see the module docstring);
+            ``None``: no bound.
     """
 
     def __init__(
@@ -111,6 +140,7 @@ class Simulator:
         timing_params: dict[str, Any] | None = None,
         seed: int = 0,
         measure_gap: bool = True,
+        max_staleness: int | None = None,
     ):
         self.algorithm = algorithm
         self.k = check_workers(workers)
@@ -127,6 +157,21 @@ class Simulator:
         )
         self.measure_gap = measure_gap
         self.synchronous = algorithm.synchronous
+        if max_staleness is not None and (
+            isinstance(max_staleness, bool)
+            or not isinstance(max_staleness, int)
+            or max_staleness < 0
+        ):
+            raise ValueError(
+                f"max_staleness must be an integer >= 0 or None, got {max_staleness!r}"
+            )
+        self.max_staleness = max_staleness
+        self.bounded = max_staleness is not None and not self.synchronous
+        self.inflight: list[int] = []  # bounded: pulled, not yet pushed, oldest pull first
+        self.held: list[tuple[int, Tensor, float, float]] = []  # (worker, message, loss, since)
+        self.idle: list[tuple[int, float]] = []  # (worker, since): waiting to start
+        self.wait_time = 0.0  # simulated time workers spent waiting for the bound
+        self.waits = 0
 
         d = params.numel()
         self.master = algorithm.master(params, self.k)
@@ -142,6 +187,10 @@ class Simulator:
         self.sim_time = 0.0
         self.log = PushLog()
         for i in range(self.k):
+            if self.bounded:
+                self.idle.append((i, 0.0))
+                self._release()
+                continue
             self._pull(i)
             if not self.synchronous:
                 heapq.heappush(self.queue, (self.timing.sample(i), i))
@@ -160,6 +209,8 @@ class Simulator:
 
     def step(self) -> None:
         """Process the next push (or, for a synchronous algorithm, the next round)."""
+        if self.bounded:
+            return self._step_bounded()
         if self.synchronous:
             self.sim_time += max(self.timing.sample(i) for i in range(self.k))
             for i in range(self.k):
@@ -203,6 +254,7 @@ class Simulator:
         lr = self.lr()
         gap = self._gap(i, lr) if self.measure_gap else math.nan
         staleness = self.updates - self.pulled_at[i]
+        self.workers.set_lr(lr)
         message = self.workers.message(i, grad)
         self.steps += 1
         if message is None:
@@ -214,6 +266,84 @@ class Simulator:
             worker=i, staleness=staleness, gap=gap, loss=loss, lr=lr, sim_time=self.sim_time
         )
         return True
+
+    # -- bounded staleness (see the module docstring) -----------------------------------
+    def _step_bounded(self) -> None:
+        finish, i = heapq.heappop(self.queue)
+        self.sim_time = finish
+        if self._may_push(i):
+            pushed = self._push(i)
+        else:
+            message, loss = self._compute(i)
+            pushed = message is not None
+            if pushed:
+                self.held.append((i, message.clone(), loss, finish))
+                return
+        if not pushed:  # a local step: compute again, without pulling
+            self.batch[i] = self.batches.next()
+            heapq.heappush(self.queue, (finish + self.timing.sample(i), i))
+            return
+        self.inflight.remove(i)
+        self.idle.append((i, finish))
+        self._release()
+
+    def _may_push(self, i: int) -> bool:
+        """Whether applying a push of in-flight worker ``i`` now keeps the bound."""
+        for rank, j in enumerate(self.inflight, start=1):
+            if j == i:
+                return True
+            if self.updates - self.pulled_at[j] + rank > self.max_staleness:
+                return False
+        return True
+
+    def _release(self) -> None:
+        """Apply the held pushes the bound now allows, then start idle workers."""
+        released = True
+        while released:
+            released = False
+            for n, (i, message, loss, since) in enumerate(self.held):
+                if self._may_push(i):
+                    del self.held[n]
+                    self._waited(since)
+                    self._apply(i, message, loss)
+                    self.inflight.remove(i)
+                    self.idle.append((i, self.sim_time))
+                    released = True
+                    break
+        while self.idle and len(self.inflight) <= self.max_staleness:
+            i, since = self.idle.pop(0)
+            self._waited(since)
+            self._pull(i)
+            self.inflight.append(i)
+            heapq.heappush(self.queue, (self.sim_time + self.timing.sample(i), i))
+
+    def _waited(self, since: float) -> None:
+        if self.sim_time > since:
+            self.wait_time += self.sim_time - since
+            self.waits += 1
+
+    def _compute(self, i: int) -> tuple[Tensor | None, float]:
+        """Worker ``i``'s gradient and message (``None``: a local step), not yet pushed."""
+        p = self.workers.compute_at(i, self.sent[i])
+        grad, loss = self.gradient(p, self.batch[i])
+        if self.weight_decay:
+            grad.add_(p, alpha=self.weight_decay)
+        self.workers.set_lr(self.lr())
+        message = self.workers.message(i, grad)
+        self.steps += 1
+        return message, loss
+
+    def _apply(self, i: int, message: Tensor, loss: float) -> None:
+        """Push a held message of worker ``i`` and log it."""
+        lr = self.lr()
+        gap = self._gap(i, lr) if self.measure_gap else math.nan
+        staleness = self.updates - self.pulled_at[i]
+        if self.master.push(i, message, lr):
+            self.updates += 1
+        self.pushes += 1
+        self.log.append(
+            worker=i, staleness=staleness, gap=gap, loss=loss, lr=lr, sim_time=self.sim_time
+        )
 
     def _pull(self, i: int) -> None:
         self.master.pull(i, self.lr(), out=self.sent[i])
@@ -244,6 +374,16 @@ class Simulator:
             "timing": self.timing.state_dict(),
             "batches": self.batches.state_dict(),
             "log": self.log.state_dict(),
+            "wait_time": self.wait_time,
+            "waits": self.waits,
+            **(self._bounded_state() if self.bounded else {}),
+        }
+
+    def _bounded_state(self) -> dict[str, Any]:
+        return {
+            "inflight": list(self.inflight),
+            "held": [[i, m.clone(), loss, since] for i, m, loss, since in self.held],
+            "idle": [[i, since] for i, since in self.idle],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -265,6 +405,14 @@ class Simulator:
         self.timing.load_state_dict(state["timing"])
         self.batches.load_state_dict(state["batches"])
         self.log.load_state_dict(state["log"])
+        self.wait_time = float(state.get("wait_time", 0.0))
+        self.waits = int(state.get("waits", 0))
+        if self.bounded:
+            self.inflight = [int(i) for i in state["inflight"]]
+            self.held = [
+                (int(i), m.clone(), float(loss), float(t)) for i, m, loss, t in state["held"]
+            ]
+            self.idle = [(int(i), float(t)) for i, t in state["idle"]]
 
 
 def _constant(lr: float) -> Callable[[float], float]:

@@ -152,6 +152,8 @@ def read_trace(path: str | Path) -> list[list[float]]:
             rows = list(csv.reader(f))
     except OSError as e:
         raise DataError(f"{path}: cannot read the timing trace: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: the timing trace is not a text (CSV) file") from None
     if not rows or [c.strip() for c in rows[0][:2]] != ["worker", "duration"]:
         raise DataError(f"{path}: a timing trace must start with the header 'worker,duration'")
     series: dict[str, list[float]] = {}

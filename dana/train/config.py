@@ -45,6 +45,7 @@ class TrainConfig:
     warmup_epochs: float = 1.0
     timing: str = "gamma"
     timing_params: dict[str, Any] = field(default_factory=dict)
+    max_staleness: int | None = None
     algorithm_params: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     eval_every: float = 1.0
@@ -54,6 +55,7 @@ class TrainConfig:
     backend: str = "sim"
     address: str | None = None
     servers: int = 1
+    time_scale: float = 0.0
 
     # -- construction -------------------------------------------------------------------
     @classmethod
@@ -93,11 +95,15 @@ class TrainConfig:
 
     def algorithm_hparams(self) -> dict[str, Any]:
         """The hyper-parameters passed to the algorithm: momentum if it takes one, then
-        ``algorithm_params``."""
+        ``algorithm_params``, then ``workers`` if it takes it (the elastic-averaging
+        algorithms derive their coefficient from it)."""
         hparams: dict[str, Any] = {}
-        if "momentum" in algorithms.hparam_names(self.algorithm):
+        names = algorithms.hparam_names(self.algorithm)
+        if "momentum" in names:
             hparams["momentum"] = self.momentum
         hparams.update(self.algorithm_params)
+        if "workers" in names:
+            hparams["workers"] = self.workers
         return hparams
 
     # -- validation ---------------------------------------------------------------------
@@ -111,6 +117,8 @@ class TrainConfig:
         _integer("batch_size", self.batch_size, 1)
         _integer("seed", self.seed, 0)
         _integer("servers", self.servers, 1)
+        if self.max_staleness is not None:
+            _integer("max_staleness", self.max_staleness, 0)
         for name in ("train_size", "test_size"):
             if getattr(self, name) is not None:
                 _integer(name, getattr(self, name), 1)
@@ -123,6 +131,7 @@ class TrainConfig:
         _number("warmup_epochs", self.warmup_epochs, low=0)
         _number("eval_every", self.eval_every, low=0, strict=True)
         _number("checkpoint_every", self.checkpoint_every, low=0)
+        _number("time_scale", self.time_scale, low=0)
         _number("lr_decay_factor", self.lr_decay_factor, low=0, strict=True)
         if self.lr_decay_factor > 1:
             raise ConfigError(f"--lr-decay-factor must be in (0, 1], got {self.lr_decay_factor}")

@@ -49,6 +49,7 @@ class RunDir:
         self.checkpoint = self.path / "checkpoint.pt"
         self.step_times = self.path / "step_times.csv"
         self.tensorboard = self.path / "tensorboard"
+        self._writer = None
 
     def holds_run(self) -> bool:
         return self.config.is_file()
@@ -83,6 +84,31 @@ class RunDir:
     def read_metrics(self) -> list[dict[str, float]]:
         with self.metrics.open(newline="") as f:
             return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+    def open_tensorboard(self) -> None:
+        """Also log every metrics row as TensorBoard scalars under ``tensorboard/``."""
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise DanaError(
+                "--tensorboard needs the tensorboard package: pip install tensorboard"
+            ) from None
+        self._writer = SummaryWriter(log_dir=str(self.tensorboard))
+
+    def log_row(self, row: dict[str, float]) -> None:
+        """Send one metrics row to TensorBoard (if open), indexed by master updates."""
+        if self._writer is None:
+            return
+        step = int(row["updates"])
+        for key in METRICS_COLUMNS:
+            if key not in ("updates",) and math.isfinite(row[key]):
+                self._writer.add_scalar(key, row[key], step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_text_atomic(self.summary, json.dumps(_jsonable(summary), indent=2) + "\n")

@@ -76,6 +76,7 @@ class SimRun:
             timing=config.timing,
             timing_params=config.timing_params,
             seed=config.seed,
+            max_staleness=config.max_staleness,
         )
         self.rows: list[dict[str, float]] = []
         self.logged = 0  # pushes already summarised in a metrics row
@@ -147,6 +148,7 @@ class SimRun:
                     self.diverged_at = self.sim.updates
                     break
                 self.run.write_metrics(self.rows)
+                self.run.log_row(row)
             if point in checkpoints:
                 self.run.save_checkpoint(self.state_dict(wall()))
         progress.close()
@@ -213,6 +215,7 @@ def summarize(
         "mean_gap": _mean(log["gap"]),
         "mean_staleness": _mean(staleness),
         "max_staleness": int(staleness.max()) if len(staleness) else 0,
+        "wait_time": float(getattr(sim, "wait_time", 0.0)),
         "wall_seconds": wall_seconds,
     }
 
@@ -232,6 +235,8 @@ def train(
 ) -> dict[str, Any]:
     """Run ``config`` into the run directory ``out`` (``resume``: continue it)."""
     run = RunDir(out)
+    if run.path.exists() and not run.path.is_dir():
+        raise DanaError(f"--out {run.path} exists and is not a directory; choose another --out")
     if not resume and run.holds_run():
         raise DanaError(
             f"{run.path} already holds a run; continue it with `dana train --resume {run.path}` "
@@ -252,8 +257,13 @@ def train(
     else:
         run.path.mkdir(parents=True, exist_ok=True)
         run.write_config(config.to_dict(), version)
+    if config.tensorboard:
+        run.open_tensorboard()
     title = f"{config.algorithm}, k={config.workers}, {config.model} on {config.dataset}"
-    summary = runner.execute(Progress(enabled=progress, desc=title))
+    try:
+        summary = runner.execute(Progress(enabled=progress, desc=title))
+    finally:
+        run.close()
     run.write_summary(summary)
     if runner.rows:
         run.write_plot(runner.rows, title)
