@@ -352,11 +352,12 @@ class Simulator:
 
     def _gap(self, i: int, lr: float) -> float:
         """``RMS(theta_now - p_i)`` against the master's true parameters."""
-        diff = torch.sub(self.master.gap_reference(), self.sent[i], out=self._diff)
+        theta = self.master.gap_reference()
         offset = self.workers.theta_offset(lr)
         if offset is not None:
-            diff.add_(offset)
-        return diff.norm().item() / math.sqrt(diff.numel())
+            theta = torch.add(theta, offset, out=self._diff)
+        # torch.dist reads both vectors once and writes nothing: no O(d) temporary.
+        return torch.dist(theta, self.sent[i]).item() / math.sqrt(theta.numel())
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this run exactly (tensors and plain values)."""
