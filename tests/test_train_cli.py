@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,9 +23,18 @@ SMALL = ["--dataset", "synthetic", "--model", "linear", "--train-size", "512", "
          "--batch-size", "32", "--quiet"]  # fmt: skip
 
 
+# One thread per process: the tiny models here gain nothing from more, and on a shared
+# machine OpenMP's waits make each step many times slower.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def dana(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "dana.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "dana.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
     )
 
 
@@ -113,6 +123,7 @@ def test_resume_after_kill_equals_uninterrupted_run(tmp_path):
         [sys.executable, "-m", "dana.cli", "train", *args, "--out", str(killed)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=ENV,
     )
     deadline = time.time() + 120
     while not (killed / "checkpoint.pt").exists() and time.time() < deadline:
