@@ -1,0 +1,385 @@
+"""How many pushes per second does dana's parameter server take, against Ray's own example?
+
+Workers send precomputed messages as fast as they can; the number that counts is pushes
+applied per second at the server, measured over a window after a warm-up (the object
+store's pages are touched for the first time during the warm-up).
+
+- dana: the real :class:`dana.dist.server.ShardServer` (``dana-slim``: the master does
+  ``Theta -= lr*u``) and the real worker-side protocol (:class:`dana.dist.link.ServerLink`):
+  each step is one ``exchange`` call per shard (push, then pull the new parameters),
+  numpy arrays through Ray's object store. The server also keeps the run's log and
+  measures staleness and gap, as in a real run.
+- ray example: the pattern of Ray's parameter-server example
+  (ray-project/ray, doc/source/ray-core/examples/plot_parameter_server.ipynb,
+  asynchronous version): the driver waits for gradients in completion order
+  (``ray.wait``), calls ``ps.apply_gradients`` (numpy gradients per layer, ``np.stack``,
+  ``torch.optim.SGD.step()``, returns ``model.get_weights()``, a dict of torch tensors)
+  and hands the new weights to the worker's ``compute_gradients``, which loads them
+  (``load_state_dict``) and returns its precomputed per-layer gradients.
+- copy: one ``np.copyto`` of ``d`` float32 in the driver, the floor for anything that
+  touches every parameter.
+
+Sizes: d = 272,474 (ResNet-20 with projection shortcuts: 65 tensors) and d = 25,557,032
+(ResNet-50: 161 tensors); the example's model has those tensor shapes. Then dana with
+``--servers`` 1, 2 and 4 at the large size and 8 workers, and the server's peak memory
+(private, anonymous pages: what the server process itself allocated, ``RssAnon``
+sampled at every push; and ``VmHWM``, the peak resident size, which also counts the
+object store's shared pages the process read) with dana-slim at k = 1 and k = 8.
+
+Run: ``python bench/ps_throughput.py`` (about 5 minutes on 2 cores; ``--quick`` for a
+smoke run). The last line is dana's throughput over the example's at d = 25,557,032 with
+4 workers:
+
+    throughput vs ray example R
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from dana.dist.layout import Layout  # noqa: E402
+from dana.dist.link import ServerLink  # noqa: E402
+from dana.dist.server import ShardServer  # noqa: E402
+from dana.train.config import TrainConfig  # noqa: E402
+
+SMALL, LARGE = 272_474, 25_557_032
+
+
+def resnet20_shapes() -> list[tuple[int, ...]]:
+    """ResNet-20 (CIFAR) with 1x1 projection shortcuts: 272,474 parameters."""
+    from dana.models import build_model
+
+    model = build_model("resnet20", in_channels=3, image_size=32, num_classes=10)
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    return shapes + [(32, 16, 1, 1), (32,), (32,), (64, 32, 1, 1), (64,), (64,)]
+
+
+def resnet50_shapes() -> list[tuple[int, ...]]:
+    """ResNet-50 (ImageNet) parameter shapes: 25,557,032 parameters."""
+    shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]
+    inplanes = 64
+    for planes, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        for b in range(blocks):
+            shapes += [(planes, inplanes, 1, 1), (planes,), (planes,)]
+            shapes += [(planes, planes, 3, 3), (planes,), (planes,)]
+            shapes += [(planes * 4, planes, 1, 1), (planes * 4,), (planes * 4,)]
+            if b == 0:
+                shapes += [(planes * 4, inplanes, 1, 1), (planes * 4,), (planes * 4,)]
+            inplanes = planes * 4
+    return shapes + [(1000, 2048), (1000,)]
+
+
+SHAPES = {SMALL: resnet20_shapes, LARGE: resnet50_shapes}
+
+
+class LayerModel(torch.nn.Module):
+    """The example's model: parameters of the given shapes, with its weight helpers."""
+
+    def __init__(self, shapes: list[tuple[int, ...]]):
+        super().__init__()
+        self.params = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.zeros(shape)) for shape in shapes
+        )
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.cpu() for k, v in self.state_dict().items()}
+
+    def set_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self.load_state_dict(weights)
+
+    def set_gradients(self, gradients: list[np.ndarray]) -> None:
+        for g, p in zip(gradients, self.parameters()):
+            if g is not None:
+                p.grad = torch.from_numpy(g)
+
+
+@ray.remote(num_cpus=1)
+class ExampleServer:
+    """Ray's example parameter server (plot_parameter_server.ipynb), unchanged."""
+
+    def __init__(self, shapes: list[tuple[int, ...]], lr: float):
+        torch.set_num_threads(1)
+        self.model = LayerModel(shapes)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr)
+        self.applied = 0
+
+    def apply_gradients(self, *gradients):
+        summed_gradients = [np.stack(gradient_zip).sum(axis=0) for gradient_zip in zip(*gradients)]
+        self.optimizer.zero_grad()
+        self.model.set_gradients(summed_gradients)
+        self.optimizer.step()
+        self.applied += 1
+        return self.model.get_weights()
+
+    def get_weights(self):
+        return self.model.get_weights()
+
+    def count(self) -> int:
+        return self.applied
+
+
+class MeasuredServer(ShardServer):
+    """dana's server, also timing its ``exchange`` handler and sampling its memory."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.handler_seconds = 0.0
+        self.peak_anon = _status_kb("RssAnon")
+
+    def exchange(self, *args: Any) -> Any:
+        start = time.perf_counter()
+        reply = super().exchange(*args)
+        self.handler_seconds += time.perf_counter() - start
+        self.peak_anon = max(self.peak_anon, _status_kb("RssAnon"))
+        return reply
+
+    def copy_seconds(self, repeats: int = 3) -> float:
+        """One ``np.copyto`` of this shard's ``d`` floats, here, under the current load."""
+        a = self.master.theta.numpy()
+        b = np.empty_like(a)
+        np.copyto(b, a)  # first touch
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            np.copyto(b, a)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "pushes": self.pushes,
+            "handler": self.handler_seconds,
+            "cpu": time.process_time(),
+            "peak_anon_mb": self.peak_anon / 1024,
+            "hwm_mb": _status_kb("VmHWM") / 1024,
+        }
+
+
+@ray.remote(num_cpus=1)
+class BenchWorker:
+    """Holds a precomputed message; speaks dana's protocol or the example's."""
+
+    def __init__(self, d: int, seed: int):
+        torch.set_num_threads(1)
+        rng = np.random.default_rng(seed)
+        self.message = torch.from_numpy(rng.standard_normal(d, dtype=np.float32) * 1e-6)
+        self.offset = torch.zeros(d)
+        self.model: LayerModel | None = None
+        self.gradients: list[np.ndarray] = []
+
+    def connect(self, servers: list[Any], d: int, worker: int, seed: int) -> None:
+        self.link = ServerLink(servers, Layout(d, len(servers), seed), worker, torch.float32)
+        self.worker = worker
+
+    def run_dana(self, seconds: float, offsets: bool) -> int:
+        """Exchange the message with the servers until ``seconds`` have passed."""
+        _, _, seq, _ = self.link.pull(join=True)
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            seq += 1
+            offset = self.offset if offsets else None
+            self.link.exchange(seq, self.message, 0.0, offset, None)
+        return seq
+
+    def setup_example(self, shapes: list[tuple[int, ...]]) -> None:
+        self.model = LayerModel(shapes)
+        flat, offset = self.message.numpy(), 0
+        self.gradients = []
+        for shape in shapes:
+            n = math.prod(shape)
+            self.gradients.append(flat[offset : offset + n].reshape(shape))
+            offset += n
+
+    def compute_gradients(self, weights):
+        self.model.set_weights(weights)
+        return self.gradients
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def copy_seconds(d: int) -> float:
+    a = np.random.default_rng(0).standard_normal(d, dtype=np.float32)
+    b = np.empty_like(a)
+    np.copyto(b, a)
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        np.copyto(b, a)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def dana_servers(d: int, workers: int, servers: int) -> list[Any]:
+    config = TrainConfig(
+        algorithm="dana-slim", workers=workers, servers=servers, lr=1e-3, warmup_epochs=0
+    ).to_dict()
+    layout = Layout(d, servers, 0)
+    initial = np.zeros(d, np.float32)
+    actor = ray.remote(MeasuredServer).options(num_cpus=1)
+    handles = [
+        actor.remote(
+            config,
+            s,
+            initial[lo:hi],
+            d=d,
+            batches_per_epoch=1 << 40,
+            end=None,
+            evals=[],
+            checkpoints=[],
+        )
+        for s, (lo, hi) in enumerate(layout.bounds)
+    ]
+    ray.get([h.begin.remote(time.time()) for h in handles])
+    return handles
+
+
+def measure_dana(
+    workers: list[Any],
+    servers: list[Any],
+    d: int,
+    warm: float,
+    window: float,
+    offsets: bool = False,
+    copy: bool = False,
+) -> dict[str, float]:
+    """Pushes per second at the servers (shard 0) over ``window`` seconds after ``warm``;
+    with ``copy``, also one copy of the shard timed in the server right after the window,
+    while the workers still push (the same load)."""
+    ray.get([w.connect.remote(servers, d, i, 0) for i, w in enumerate(workers)])
+    runs = [w.run_dana.remote(warm + window + 1.0, offsets) for w in workers]
+    time.sleep(warm)
+    t0, s0 = time.perf_counter(), ray.get(servers[0].stats.remote())
+    time.sleep(window)
+    t1, s1 = time.perf_counter(), ray.get(servers[0].stats.remote())
+    loaded_copy = ray.get(servers[0].copy_seconds.remote()) if copy else math.nan
+    ray.get(runs)
+    final = ray.get(servers[0].stats.remote())
+    pushes = s1["pushes"] - s0["pushes"]
+    return {
+        "rate": pushes / (t1 - t0),
+        "loaded_copy": loaded_copy,
+        "handler": (s1["handler"] - s0["handler"]) / max(pushes, 1),
+        "cpu": (s1["cpu"] - s0["cpu"]) / max(pushes, 1),
+        "peak_anon_mb": final["peak_anon_mb"],
+        "hwm_mb": final["hwm_mb"],
+    }
+
+
+def measure_example(workers: list[Any], server: Any, warm: float, window: float) -> float:
+    """The example's asynchronous loop; apply_gradients per second over ``window``."""
+    current_weights = server.get_weights.remote()
+    gradients = {w.compute_gradients.remote(current_weights): w for w in workers}
+    start = time.perf_counter()
+    t0 = n0 = None
+    applied = 0
+    while True:
+        now = time.perf_counter()
+        if t0 is None and now - start >= warm:
+            t0, n0 = now, applied
+        if t0 is not None and now - t0 >= window:
+            break
+        ready_gradient_list, _ = ray.wait(list(gradients))
+        ready_gradient_id = ready_gradient_list[0]
+        worker = gradients.pop(ready_gradient_id)
+        current_weights = server.apply_gradients.remote(*[ready_gradient_id])
+        gradients[worker.compute_gradients.remote(current_weights)] = worker
+        applied += 1
+    ray.get(current_weights)
+    ray.wait(list(gradients), num_returns=len(gradients))
+    return (applied - n0) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short windows (a smoke run)")
+    parser.add_argument("--window", type=float, default=None, help="seconds measured")
+    args = parser.parse_args()
+    window = args.window or (2.0 if args.quick else 5.0)
+    warm = 1.0 if args.quick else 2.5
+    ray.init(
+        address="local",
+        num_cpus=16,
+        include_dashboard=False,
+        object_store_memory=3 * 1024**3,
+        logging_level=logging.ERROR,
+    )
+    counts = (1, 2, 4, 8)
+    print(f"{os.cpu_count()} CPU cores; warm-up {warm} s, window {window} s per measurement")
+    ratio_line = math.nan
+    results: dict[tuple[int, int], tuple[float, float]] = {}
+    for d in (SMALL, LARGE):
+        shapes = SHAPES[d]()
+        copy = copy_seconds(d)
+        workers = [BenchWorker.remote(d, seed) for seed in range(max(counts))]
+        ray.get([w.setup_example.remote(shapes) for w in workers])
+        servers = dana_servers(d, max(counts), 1)
+        example = ExampleServer.remote(shapes, 1e-3)
+        print(f"\nd = {d:,}: one copy of d float32 in the driver, idle: {1e3 * copy:.3f} ms")
+        for k in counts:
+            ours = measure_dana(workers[:k], servers, d, warm, window, copy=True)
+            theirs = measure_example(workers[:k], example, warm, window)
+            results[(d, k)] = (ours["rate"], theirs)
+            loaded = ours["loaded_copy"]
+            print(
+                f"d={d} k={k}: dana {ours['rate']:7.1f} pushes/s  ray example "
+                f"{theirs:7.1f} pushes/s  ratio {ours['rate'] / theirs:5.2f} | dana server "
+                f"per push: handler {1e3 * ours['handler']:.2f} ms, process CPU "
+                f"{1e3 * ours['cpu']:.2f} ms, wall {1e3 / ours['rate']:.2f} ms | one copy in "
+                f"the server under this load {1e3 * loaded:.2f} ms: handler "
+                f"{ours['handler'] / loaded:.2f}, wall {1 / ours['rate'] / loaded:.2f} copies",
+                flush=True,
+            )
+        for actor in servers + [example]:
+            ray.kill(actor)
+        if d == LARGE:
+            print("")
+            for s in (1, 2, 4):
+                shards = dana_servers(d, 8, s)
+                ours = measure_dana(workers, shards, d, warm, window)
+                print(f"servers S={s} d={d} k=8: dana {ours['rate']:8.1f} pushes/s", flush=True)
+                for actor in shards:
+                    ray.kill(actor)
+            print("")
+            peaks = {}
+            for k in (1, 8):
+                (server,) = dana_servers(d, k, 1)
+                ours = measure_dana(workers[:k], [server], d, warm, window, offsets=True)
+                peaks[k] = ours["peak_anon_mb"]
+                print(
+                    f"memory dana-slim d={d} k={k}: server peak private (RssAnon) "
+                    f"{ours['peak_anon_mb']:.1f} MB, peak resident (VmHWM, with object-store "
+                    f"pages read) {ours['hwm_mb']:.1f} MB",
+                    flush=True,
+                )
+                ray.kill(server)
+            print(f"memory growth k=1 -> k=8: {100 * (peaks[8] / peaks[1] - 1):+.1f}%")
+        for w in workers:
+            ray.kill(w)
+    ours, theirs = results[(LARGE, 4)]
+    ratio_line = ours / theirs
+    ray.shutdown()
+    print(f"throughput vs ray example {ratio_line:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,399 @@
+"""``dana train --backend ray``: the driver of a run on Ray.
+
+:class:`RayRun` has the interface of the simulator's ``SimRun`` (``rows``,
+``load_state_dict``, ``execute(progress) -> summary``) and writes the same run directory:
+``metrics.csv`` rows at the same points of the data stream, the same ``summary.json``
+keys (via :func:`dana.train.runner.summarize`), checkpoints for ``--resume``; and also
+``step_times.csv`` (every push's step time, for the simulator's ``trace`` timing) and
+``dist.json`` (the runtime's counters).
+
+The driver starts ``S`` :class:`~dana.dist.server.ShardServer` actors (the parameters
+split into contiguous shards) and ``k`` :class:`~dana.dist.worker.Worker` actors; the
+workers talk to the servers directly, and the driver only watches:
+
+- asynchronous algorithms: each worker runs its loop until the servers, having applied
+  the run's last step, answer ``stop``; a worker whose process dies is restarted by Ray
+  and its loop started again (it rejoins with a fresh pull);
+- ``ssgd`` (``Algorithm.synchronous``): real rounds: the driver starts one step on every
+  worker and waits for all ``k`` pushes before the next round (a crashed worker is
+  restarted and redoes its step; a push already applied is not applied twice).
+
+Every ``POLL_SECONDS`` (and after every ``ssgd`` round) the driver drains the servers'
+logs and snapshots, evaluates each evaluation snapshot itself (the servers go on
+meanwhile) and writes each checkpoint snapshot to ``checkpoint.pt``. Times in the log
+(the ``sim_time`` column) are seconds of training, counted from when every worker was
+ready (and carried over a resume).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+
+from dana import algorithms
+from dana.atomic import write_text_atomic
+from dana.dist.checkpoint import build_state, check_state, to_numpy
+from dana.dist.cluster import (
+    WORKER_RESTARTS,
+    import_ray,
+    ray_session,
+    server_options,
+    worker_options,
+)
+from dana.dist.layout import Layout
+from dana.dist.log import LogMerger
+from dana.dist.server import ShardServer
+from dana.dist.worker import Worker
+from dana.errors import ConfigError, DanaError
+from dana.sim.timing import write_trace
+from dana.train.config import TrainConfig
+from dana.train.problem import Problem
+from dana.train.progress import Progress
+from dana.train.rundir import RunDir
+from dana.train.runner import _mean, stop_points, summarize
+
+#: Seconds between two looks of the driver at the servers.
+POLL_SECONDS = 0.2
+
+
+class RayRun:
+    """One training run on Ray writing to one run directory."""
+
+    def __init__(self, config: TrainConfig, run: RunDir, problem: Problem):
+        self.config, self.run, self.problem = config, run, problem
+        self.k, self.S = config.workers, config.servers
+        self.d = problem.flat.d
+        if self.S > self.d:
+            raise ConfigError(f"--servers {self.S} is more than the model's {self.d} parameters")
+        algorithm = algorithms.get(config.algorithm)
+        if self.S > 1 and not getattr(algorithm, "elementwise", True):
+            raise ConfigError(
+                f"--servers {self.S}: {config.algorithm}'s master rule is not element-wise "
+                "(its state depends on the whole vector), so it cannot be split into shards; "
+                "use --servers 1"
+            )
+        if config.max_staleness is not None:
+            raise ConfigError(
+                "--max-staleness is not supported by --backend ray yet; use the simulator"
+            )
+        self.batches_per_epoch = problem.dataset.train_size // config.batch_size
+        self.synchronous = algorithm.synchronous
+        self.rows: list[dict[str, float]] = []
+        self.logged = 0  # pushes already summarised in a metrics row
+        self.wall_before = 0.0  # training seconds before a resume
+        self.diverged_at: int | None = None
+        self.merger = LogMerger(self.S)
+        self.saved_servers: list[dict[str, Any]] | None = None
+        self.buffers: dict[str, np.ndarray] | None = None
+        self.steps = self.updates = self.pushes = 0
+        self.sim_time = 0.0
+        self.failed_calls = [0] * self.k  # run() calls cut short by a worker's crash
+        self.lost: list[int] = []  # workers out of restarts
+        self.last_seq_sent = [0] * self.k  # from the workers' last completed run() calls
+        self.worker_counts: Counter[str] = Counter()
+        self.counters: dict[str, Any] = {}
+        self.servers: list[Any] = []  # the actors, while the run executes
+        self.workers: list[Any] = []
+        self.snapshots: list[list[dict[str, Any]]] = [[] for _ in range(self.S)]
+        self.checked = 0  # merged log entries checked for a non-finite loss
+        self.diverged_index: int | None = None  # the first such entry
+        self.diverged_steps = 0
+
+    # -- what summarize() reads ---------------------------------------------------------
+    @property
+    def epoch(self) -> float:
+        return self.steps / self.batches_per_epoch
+
+    # -- state --------------------------------------------------------------------------
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(state, self.S)
+        self.saved_servers = to_numpy(state["servers"])
+        self.merger.load_state_dict(state["log"])
+        self.rows = [dict(r) for r in state["rows"]]
+        self.logged = int(state["logged"])
+        self.wall_before = float(state["wall_seconds"])
+        self.buffers = to_numpy(state["buffers"]) or None
+        first = self.saved_servers[0]
+        self.steps, self.updates = int(first["steps"]), int(first["updates"])
+        self.pushes = int(first["pushes"])
+        self.checked = len(self.merger)
+
+    # -- the run ------------------------------------------------------------------------
+    def execute(self, progress: Progress) -> dict[str, Any]:
+        points, evals, checkpoints = stop_points(self.config, self.batches_per_epoch)
+        fresh = self.saved_servers is None
+        self.pending = [p for p in points if p > self.steps or fresh]
+        self.evals, self.checkpoints = evals, checkpoints
+        self.end = points[-1]
+        startup = time.time()
+        with ray_session(self.config.address, self.k + self.S):
+            ray = import_ray()
+            try:
+                servers, workers = self._start_actors(ray)
+                self.start = time.time()
+                ray.get([s.begin.remote(self.start - self.wall_before) for s in servers])
+                progress.start(self.end, self.steps)
+                if self.synchronous:
+                    self._run_rounds(ray, servers, workers, progress)
+                else:
+                    self._run_free(ray, servers, workers, progress)
+                ray.get([s.stop.remote() for s in servers])
+                self._poll(ray, servers)
+                self.merger.finish()
+                self._process_points(ray, servers, progress)
+                self.counters = self._counters(ray, servers, self.start - startup)
+            finally:
+                progress.close()
+                for actor in self.workers + self.servers:
+                    ray.kill(actor, no_restart=True)
+        wall = self._wall()
+        if self.diverged_at is not None:
+            self.rows.append(self._divergence_row(wall))
+            self.run.write_metrics(self.rows)
+        write_trace(
+            self.run.step_times,
+            list(zip(self.merger.log.worker.tolist(), self.merger.durations.tolist())),
+        )
+        write_text_atomic(self.run.path / "dist.json", json.dumps(self.counters, indent=2) + "\n")
+        return summarize(
+            self.config, self.rows, self.merger.log.numpy(), self.diverged_at, wall, self
+        )
+
+    def _wall(self) -> float:
+        return self.wall_before + time.time() - self.start
+
+    def _start_actors(self, ray: Any) -> tuple[list[Any], list[Any]]:
+        config = self.config.to_dict()
+        layout = Layout(self.d, self.S, self.config.seed)
+        initial = self.problem.initial_params().numpy()
+        names = [f"dana-{uuid.uuid4().hex[:12]}-shard{s}" for s in range(self.S)]
+        checkpoints = sorted(self.checkpoints)
+        self.servers = servers = [
+            ray.remote(ShardServer)
+            .options(name=names[s], **server_options())
+            .remote(
+                config,
+                s,
+                initial[lo:hi],
+                d=self.d,
+                batches_per_epoch=self.batches_per_epoch,
+                end=None if self.synchronous else self.end,
+                evals=sorted(self.evals),
+                checkpoints=checkpoints,
+                state=None if self.saved_servers is None else self.saved_servers[s],
+            )
+            for s, (lo, hi) in enumerate(layout.bounds)
+        ]
+        worker_cls = ray.remote(Worker).options(**worker_options())
+        self.workers = workers = [
+            worker_cls.remote(config, i, names, self.d) for i in range(self.k)
+        ]
+        try:
+            ray.get([w.ready.remote() for w in workers] + [s.ready.remote() for s in servers])
+        except ray.exceptions.RayError as e:
+            raise DanaError(f"the Ray actors could not start: {e}") from None
+        return servers, workers
+
+    def _run_free(
+        self, ray: Any, servers: list[Any], workers: list[Any], progress: Progress
+    ) -> None:
+        """Asynchronous algorithms: every worker loops until the servers say stop."""
+        running = {w.run.remote(): i for i, w in enumerate(workers)}
+        while running:
+            done, _ = ray.wait(list(running), num_returns=len(running), timeout=POLL_SECONDS)
+            for ref in done:
+                i = running.pop(ref)
+                if self._finished(ray, ref, i) is False and self.diverged_at is None:
+                    running[workers[i].run.remote()] = i
+            self._poll(ray, servers)
+            self._process_points(ray, servers, progress)
+            if self.diverged_at is not None:
+                ray.get([s.stop.remote() for s in servers])
+            self._show(progress)
+        if self.steps < self.end and self.diverged_at is None:
+            raise DanaError(
+                f"every worker died for good after {self.steps} of {self.end} steps; "
+                f"continue from the last checkpoint with `dana train --resume {self.run.path}`"
+            )
+
+    def _run_rounds(
+        self, ray: Any, servers: list[Any], workers: list[Any], progress: Progress
+    ) -> None:
+        """``ssgd``: one step on every worker per round; the next round starts when all
+        ``k`` pushes are in (the master has then moved once)."""
+        round_index = self.steps // self.k
+        while self.steps < self.end and self.diverged_at is None:
+            running = {w.run.remote(round_index): i for i, w in enumerate(workers)}
+            while running:
+                done, _ = ray.wait(list(running), num_returns=len(running))
+                for ref in done:
+                    i = running.pop(ref)
+                    if self._finished(ray, ref, i) is False:
+                        running[workers[i].run.remote(round_index)] = i
+            round_index += 1
+            self._poll(ray, servers)
+            self._process_points(ray, servers, progress)
+            self._show(progress)
+
+    def _finished(self, ray: Any, ref: Any, i: int) -> bool | None:
+        """Account for a worker's ``run`` call: True if it returned, False if its process
+        died and Ray restarts it (call it again), None if it is gone for good."""
+        try:
+            result = ray.get(ref)
+            self.last_seq_sent[i] = result.pop("seq")
+            self.worker_counts.update(result)
+            return True
+        except ray.exceptions.ActorDiedError:  # out of restarts
+            if self.synchronous:
+                raise DanaError(
+                    f"worker {i} died and cannot be restarted (max_restarts "
+                    f"{WORKER_RESTARTS}); ssgd cannot go on without it. Continue from the "
+                    f"last checkpoint with `dana train --resume {self.run.path}`"
+                ) from None
+            self.lost.append(i)
+            return None
+        except ray.exceptions.RayActorError:  # restarted, or restarting: call it again
+            self.failed_calls[i] += 1
+            time.sleep(0.05)
+            return False
+
+    # -- what the servers report --------------------------------------------------------
+    def _poll(self, ray: Any, servers: list[Any]) -> None:
+        try:
+            replies = ray.get([s.poll.remote() for s in servers])
+        except ray.exceptions.RayActorError as e:
+            raise DanaError(
+                f"a parameter server died ({e}); continue from the last checkpoint with "
+                f"`dana train --resume {self.run.path}`"
+            ) from None
+        for s, reply in enumerate(replies):
+            self.merger.add(s, reply["log"])
+            self.snapshots[s].extend(reply["snapshots"])
+        head = replies[0]
+        self.steps, self.updates, self.pushes = head["steps"], head["updates"], head["pushes"]
+        self._check_divergence()
+
+    def _check_divergence(self) -> None:
+        if self.diverged_at is not None:
+            return
+        losses = np.asarray(self.merger.log.loss[self.checked :])
+        bad = np.flatnonzero(~np.isfinite(losses))
+        if len(bad):
+            self.diverged_index = self.checked + int(bad[0])
+            self.diverged_at = int(self.merger.updates[self.diverged_index])
+            self.diverged_steps = self.diverged_index + 1  # local steps aside
+        self.checked = len(self.merger)
+
+    def _process_points(self, ray: Any, servers: list[Any], progress: Progress) -> None:
+        """Evaluate and checkpoint every point whose snapshots (and log) are all in."""
+        while self.pending and all(self.snapshots):
+            snaps = [queue[0] for queue in self.snapshots]
+            if len(self.merger) < snaps[0]["pushes"]:
+                return  # other shards' parts of these pushes are still on their way
+            for queue in self.snapshots:
+                queue.pop(0)
+            point = self.pending.pop(0)
+            if self.diverged_at is not None and snaps[0]["pushes"] > self.diverged_index:
+                continue
+            if snaps[0]["buffers"] is not None:
+                self.buffers = snaps[0]["buffers"]
+            if point in self.evals:
+                row = self._evaluate(snaps)
+                progress.row(row)
+                if not math.isfinite(row["test_loss"]) and self.diverged_at is None:
+                    self.diverged_at = snaps[0]["updates"]
+                    self.diverged_index = snaps[0]["pushes"]
+                    self.diverged_steps = snaps[0]["steps"]
+                    ray.get([s.stop.remote() for s in servers])
+                    continue
+                self.run.write_metrics(self.rows)
+                self.run.log_row(row)
+            if point in self.checkpoints:
+                n = snaps[0]["pushes"]
+                state = build_state(
+                    [snap["state"] for snap in snaps],
+                    self.merger.state_dict(n),
+                    self.rows,
+                    self.logged,
+                    snaps[0]["time"],
+                    self.buffers,
+                )
+                self.run.save_checkpoint(state)
+
+    def _evaluate(self, snaps: list[dict[str, Any]]) -> dict[str, float]:
+        head = snaps[0]
+        params = torch.from_numpy(np.concatenate([snap["params"] for snap in snaps]))
+        if self.buffers:
+            self.problem.flat.load_buffers_state(
+                {k: torch.from_numpy(np.array(v)) for k, v in self.buffers.items()}
+            )
+        test_loss, test_error = self.problem.evaluate(params)
+        log = self.merger.log.numpy(self.logged, head["pushes"])
+        self.logged = head["pushes"]
+        row = {
+            "epoch": head["steps"] / self.batches_per_epoch,
+            "updates": head["updates"],
+            "sim_time": head["time"],
+            "wall_seconds": self._wall(),
+            "lr": head["lr"],
+            "train_loss": _mean(log["loss"]),
+            "test_loss": test_loss,
+            "test_error": test_error,
+            "mean_gap": _mean(log["gap"]),
+            "mean_staleness": _mean(log["staleness"]),
+        }
+        self.sim_time = head["time"]
+        self.rows.append(row)
+        return row
+
+    def _divergence_row(self, wall: float) -> dict[str, float]:
+        """The row that marks the divergence: at the first push with a non-finite loss
+        (or at the evaluation that found a non-finite test loss)."""
+        stop = self.diverged_index + 1 if self.diverged_index is not None else None
+        log = self.merger.log.numpy(self.logged, stop)
+        return {
+            "epoch": self.diverged_steps / self.batches_per_epoch,
+            "updates": self.diverged_at,
+            "sim_time": float(log["sim_time"][-1]) if len(log["sim_time"]) else self.sim_time,
+            "wall_seconds": wall,
+            "lr": float(log["lr"][-1]) if len(log["lr"]) else math.nan,
+            "train_loss": math.nan,
+            "test_loss": math.nan,
+            "test_error": math.nan,
+            "mean_gap": _mean(log["gap"]),
+            "mean_staleness": _mean(log["staleness"]),
+        }
+
+    def _show(self, progress: Progress) -> None:
+        loss = self.merger.log.loss[-1] if len(self.merger) else math.nan
+        progress.update(self.steps, loss)
+
+    def _counters(self, ray: Any, servers: list[Any], startup: float) -> dict[str, Any]:
+        shards = ray.get([s.counters.remote() for s in servers])
+        log_times = self.merger.log.sim_time
+        if len(log_times):
+            self.sim_time = max(self.sim_time, log_times[-1])
+        return {
+            "servers": self.S,
+            "workers": self.k,
+            "startup_seconds": startup,
+            # Every push a worker numbered (its last seq): applied once, or answered
+            # "stop" after the run's last step; a crashed worker renumbers from the
+            # servers' last applied seq, so a push lost in flight is not counted.
+            "pushes_sent": sum(self.last_seq_sent),
+            "pushes_applied": shards[0]["pushes"],
+            "local_steps": shards[0]["local_steps"],
+            "rejected_after_stop": shards[0]["rejected_after_stop"],
+            "duplicates": shards[0]["duplicates"],
+            "failed_run_calls": self.failed_calls,
+            "workers_lost": self.lost,
+            "worker_replies": dict(self.worker_counts),
+            "shards": shards,
+        }

@@ -1,0 +1,135 @@
+"""Per-push records: kept by each server shard, merged by the driver into one log.
+
+Each shard server appends one :class:`ShardLog` entry per push it applies: the worker,
+the push's sequence number, the staleness the shard counted (its updates between the
+worker's pull of that shard and this push), the gap's sum of squares over the shard's
+probe coordinates and their number, and (meaningful on shard 0, the primary) the loss,
+the learning rate, the time of the push, the worker's step duration and the updates
+applied so far. The driver drains the entries with ``poll`` and a :class:`LogMerger`
+joins the shards' parts of each push by ``(worker, seq)``:
+
+- staleness: the largest of the shards' counts (with one shard, exactly the simulator's
+  definition; with several, a push is as stale as its stalest part);
+- gap: ``sqrt(sum of squares / number of probes)`` over all shards;
+- loss, lr, time, duration: from shard 0, which also fixes the order of the log.
+
+The merged log is a :class:`dana.sim.simulator.PushLog` (the simulator's, so
+:func:`dana.train.runner.summarize` reads both alike) plus the step durations that
+become ``step_times.csv``.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import deque
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dana.sim.simulator import PushLog
+
+_TYPES = {
+    "worker": "l",
+    "seq": "l",
+    "staleness": "l",
+    "gap_sq": "d",
+    "gap_n": "l",
+    "loss": "d",
+    "lr": "d",
+    "time": "d",
+    "duration": "d",
+    "updates": "l",
+}
+
+
+class ShardLog:
+    """The entries a shard has applied since the driver last drained them."""
+
+    columns = tuple(_TYPES)
+
+    def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        for name, code in _TYPES.items():
+            setattr(self, name, array(code))
+
+    def append(self, **values: float) -> None:
+        for name in self.columns:
+            getattr(self, name).append(values[name])
+
+    def __len__(self) -> int:
+        return len(self.worker)
+
+    def drain(self) -> dict[str, np.ndarray]:
+        """The entries as numpy columns; the log is empty afterwards."""
+        out = {name: np.array(getattr(self, name)) for name in self.columns}
+        self._clear()
+        return out
+
+
+class LogMerger:
+    """Joins the shards' entries of each push into the run's log, in shard 0's order."""
+
+    def __init__(self, servers: int):
+        self.servers = servers
+        self.log = PushLog()
+        self.durations = array("d")
+        self.updates = array("l")  # master updates after each push (for divergence)
+        self._primary: deque[tuple] = deque()
+        self._parts: dict[tuple[int, int], list[float]] = {}
+
+    def __len__(self) -> int:
+        return len(self.log)
+
+    def add(self, shard: int, columns: dict[str, np.ndarray]) -> None:
+        """Take a shard's drained entries; merge every push whose parts are all in."""
+        rows = zip(*(columns[name].tolist() for name in ShardLog.columns))
+        if shard == 0:
+            self._primary.extend(rows)
+        else:
+            for w, seq, stale, gap_sq, gap_n, *_ in rows:
+                part = self._parts.setdefault((w, seq), [0, 0.0, 0, 0])
+                part[0] = max(part[0], stale)
+                part[1] += gap_sq
+                part[2] += gap_n
+                part[3] += 1
+        self._merge(final=False)
+
+    def finish(self) -> None:
+        """Merge what is left: pushes some shard never applied (the run's last ones)."""
+        self._merge(final=True)
+        self._parts.clear()
+
+    def _merge(self, final: bool) -> None:
+        others = self.servers - 1
+        while self._primary:
+            w, seq, stale, gap_sq, gap_n, loss, lr, t, duration, updates = self._primary[0]
+            part = self._parts.get((w, seq)) if others else None
+            if others and not final and (part is None or part[3] < others):
+                return
+            self._primary.popleft()
+            if part is not None:
+                del self._parts[(w, seq)]
+                stale = max(stale, part[0])
+                gap_sq += part[1]
+                gap_n += part[2]
+            gap = math.sqrt(gap_sq / gap_n) if gap_n else math.nan
+            self.log.append(worker=w, staleness=stale, gap=gap, loss=loss, lr=lr, sim_time=t)
+            self.durations.append(duration)
+            self.updates.append(updates)
+
+    def state_dict(self, length: int) -> dict[str, Any]:
+        """The first ``length`` merged entries, as tensors (for a checkpoint)."""
+        state = {k: v[:length] for k, v in self.log.state_dict().items()}
+        state["duration"] = torch.from_numpy(np.array(self.durations[:length]))
+        state["updates"] = torch.from_numpy(np.array(self.updates[:length]))
+        return state
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        self.log.load_state_dict({name: state[name] for name in PushLog.columns})
+        self.durations = array("d", state["duration"].tolist())
+        self.updates = array("l", state["updates"].tolist())

@@ -1,0 +1,143 @@
+"""A worker: a model replica, its own data stream and the worker rule of one worker.
+
+Each :class:`Worker` runs as a Ray actor. It builds a :class:`~dana.train.problem.Problem`
+from the run's config (the same dataset, and the same model: the parameters themselves
+always come from the servers) and the algorithm's worker rule for a single worker (its
+own state, e.g. ``dana-slim``'s momentum ``v_i``). One step, as in the simulator:
+
+1. compute at the pulled parameters (``rule.compute_at``), on the next batch of its own
+   stream, ``g = grad f(p_i) + wd * p_i``;
+2. ``rule.set_lr(lr)``, ``message = rule.message(0, g)`` (``None``: a local step,
+   counted by the servers, no pull); with ``--time-scale``, sleep to the emulated step
+   time (:mod:`dana.dist.delay`). ``lr`` is the learning rate the servers sent with the
+   parameters (the simulator's is the one at the push: they differ only by how far the
+   schedule moved during one step);
+3. push the message with the next sequence number and pull in the same round trip
+   (``exchange``); ``ssgd``: push, and pull again only in the driver's next round.
+
+Data: every worker draws batches from its own :class:`~dana.train.batches.BatchStream`,
+a fresh shuffle of all ``N`` training examples per pass, seeded by
+``(seed, worker, incarnation)``; a restarted or resumed worker (a new incarnation)
+draws a new order. The run's epochs count every worker's batches together (total
+gradient computations / ``N // B``), as in the simulator, so in one epoch every example
+is used once in expectation.
+
+A worker that crashes is restarted by Ray (``max_restarts``) and rejoins: its first pull
+is a ``join``, which tells it the last sequence number the servers applied, so no push
+is applied twice; its rule state (``dana-slim``'s ``v_i``) starts again from zero, as for
+a new worker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from torch import Tensor
+
+from dana import algorithms
+from dana.dist.delay import StepDelay
+from dana.dist.layout import Layout
+from dana.dist.link import ServerLink
+from dana.dist.server import APPLIED, DUPLICATE, LOCAL, STOP
+from dana.train.batches import BatchStream
+from dana.train.config import TrainConfig
+from dana.train.problem import Problem
+
+
+class Worker:
+    """Args: the run's config (a dict), this worker's index, the names of the shard
+    servers' actors (in shard order; names, not handles, so that Ray can restart the
+    worker from plain arguments) and ``d``."""
+
+    def __init__(self, config: dict[str, Any], index: int, servers: list[str], d: int):
+        torch.set_num_threads(1)
+        self.config = TrainConfig.from_dict(config)
+        self.index = index
+        self.problem = Problem(self.config)
+        algorithm = algorithms.build(self.config.algorithm, **self.config.algorithm_hparams())
+        dtype = getattr(torch, self.config.dtype)
+        self.rule = algorithm.worker(1, d, dtype)
+        self.link = ServerLink(
+            [ray.get_actor(name) for name in servers],
+            Layout(d, self.config.servers, self.config.seed),
+            index,
+            dtype,
+        )
+        self.sends_offset = self.rule.theta_offset(1.0) is not None
+        self.has_buffers = any(True for _ in self.problem.flat.module.buffers())
+        self.stream: BatchStream | None = None  # created when this process first joins
+        self.delay: StepDelay | None = None
+        self.seq = 0  # the sequence number of this worker's last push
+        self.lr = 0.0  # the learning rate the servers gave with the last parameters
+
+    def ready(self) -> int:
+        return self.index
+
+    def run(self, round_index: int | None = None) -> dict[str, int]:
+        """Steps until the servers say stop (``round_index=None``), or one ``ssgd`` round.
+
+        Returns counts of the pushes sent and of the servers' replies (shard 0's), and
+        ``seq``: the sequence number of this worker's last push.
+        """
+        counts: Counter[str] = Counter()
+        params = self._pull()
+        if round_index is not None:
+            if params is not None and self.seq < round_index + 1:
+                self.seq = round_index
+                self._step(params, counts, exchange=False)
+            return {**counts, "seq": self.seq}
+        while params is not None:
+            params = self._step(params, counts, exchange=True)
+        return {**counts, "seq": self.seq}
+
+    def _pull(self) -> Tensor | None:
+        join = self.stream is None
+        params, lr, last_seq, joins = self.link.pull(join=join)
+        self.seq, self.lr = max(self.seq, last_seq), lr
+        if join:
+            self._start(joins)
+        return params
+
+    def _start(self, incarnation: int) -> None:
+        cfg = self.config
+        seed = int(np.random.SeedSequence([cfg.seed, self.index, incarnation]).generate_state(1)[0])
+        self.stream = BatchStream(self.problem.dataset.train_size, cfg.batch_size, seed=seed)
+        self.problem.augment_generator.manual_seed(seed + 1)
+        if cfg.time_scale > 0:
+            self.delay = StepDelay(cfg, self.index, incarnation)
+
+    def _step(self, params: Tensor, counts: Counter[str], exchange: bool) -> Tensor | None:
+        """One gradient computation and its push; the next parameters (None: stop)."""
+        started = time.perf_counter()
+        p = self.rule.compute_at(0, params)
+        grad, loss = self.problem.gradient(p, self.stream.next())
+        if self.config.weight_decay:
+            grad.add_(p, alpha=self.config.weight_decay)
+        self.rule.set_lr(self.lr)
+        message = self.rule.message(0, grad)
+        offset = self.rule.theta_offset(1.0) if self.sends_offset and message is not None else None
+        buffers = (
+            {k: v.numpy() for k, v in self.problem.flat.buffers_state().items()}
+            if self.has_buffers and message is not None
+            else None
+        )
+        if self.delay is not None:
+            self.delay.pad(started)
+        self.seq += 1
+        counts["sent"] += 1
+        if message is None or not exchange:
+            statuses = self.link.push(self.seq, message, loss, offset, buffers)
+            following = params if message is None else None
+        else:
+            statuses, following, lr = self.link.exchange(self.seq, message, loss, offset, buffers)
+            self.lr = lr
+        counts[_REPLY[statuses[0]]] += 1
+        return None if STOP in statuses else following
+
+
+_REPLY = {APPLIED: "applied", DUPLICATE: "duplicate", LOCAL: "local", STOP: "stopped"}

@@ -1,0 +1,368 @@
+"""The Ray runtime (dana.dist): protocol units without Ray, then real runs on a local Ray.
+
+The unit tests drive a :class:`ShardServer` and a :class:`LogMerger` directly. The tests
+marked ``ray`` start one local Ray for the module (and, for the driver-crash test, two
+``dana train`` processes with their own), train tiny models on synthetic data and check
+the results and the runtime's accounting: every push a worker numbered is applied once
+or refused after the run's end, never twice, none skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from dana.dist.layout import Layout, shard_bounds
+from dana.dist.log import LogMerger, ShardLog
+from dana.dist.server import APPLIED, DUPLICATE, STOP, ShardServer
+from dana.sim.timing import read_trace
+from dana.train.config import TrainConfig
+from dana.train.problem import Problem
+from dana.train.progress import Progress
+from dana.train.rundir import METRICS_COLUMNS, RunDir
+
+try:
+    import ray
+except ImportError:  # the protocol units still run
+    ray = None
+
+
+def tiny(**overrides: Any) -> TrainConfig:
+    """A run of a few seconds: an MLP on 1024 synthetic 16x16 images."""
+    values: dict[str, Any] = dict(
+        algorithm="asgd",
+        workers=2,
+        dataset="synthetic",
+        model="mlp",
+        train_size=1024,
+        test_size=256,
+        epochs=3.0,
+        batch_size=32,
+        lr=0.2 if overrides.get("algorithm", "asgd") == "asgd" else 0.05,
+        warmup_epochs=0.5,
+        backend="ray",
+    )
+    values.update(overrides)
+    return TrainConfig(**values).validate()
+
+
+# -- units, no Ray ------------------------------------------------------------------------
+def make_server(config: TrainConfig, d: int = 6, **kw: Any) -> ShardServer:
+    options = dict(batches_per_epoch=100, end=None, evals=[], checkpoints=[])
+    options.update(kw)
+    server = ShardServer(config.to_dict(), 0, np.zeros(d, np.float32), d=d, **options)
+    server.begin(time.time())
+    return server
+
+
+def test_shards_cover_the_vector():
+    assert shard_bounds(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    layout = Layout(1000, 4, seed=1, probes=100)
+    assert sum(len(p) for p in layout.probes) == 100
+    assert all(len(p) == len(set(p.tolist())) for p in layout.probes)
+    with pytest.raises(ValueError):
+        shard_bounds(3, 4)
+
+
+def test_push_is_idempotent_and_stops_at_the_end():
+    server = make_server(tiny(workers=2, lr=0.5, warmup_epochs=0), end=3)
+    status, params, lr, last_seq, joins = server.pull(0, join=True)
+    assert (status, last_seq, joins, lr) == ("params", 0, 1, 0.5)
+    g = np.ones(6, np.float32)
+    assert server.push(0, 1, g, loss=1.0) == APPLIED
+    assert server.push(0, 1, g, loss=1.0) == DUPLICATE  # the same push again: not applied
+    np.testing.assert_allclose(server.master.theta.numpy(), -0.5)
+    status, params, _ = server.exchange(1, 1, g, loss=1.0)
+    assert status == APPLIED and params is not None
+    assert server.push(1, 2, g) == APPLIED  # the run's third and last step
+    assert server.stopped and server.push(0, 2, g) == STOP
+    assert server.pull(0)[0] == STOP
+    counters = server.counters()
+    assert counters["pushes"] == counters["updates"] == 3
+    assert counters["applied"] == counters["last_seq"] == [1, 2]
+    assert (counters["duplicates"], counters["rejected_after_stop"]) == (1, 1)
+
+
+def test_staleness_and_gap_are_measured_at_the_server():
+    server = make_server(tiny(workers=2, lr=1.0, warmup_epochs=0))
+    server.pull(0, join=True)
+    server.pull(1, join=True)
+    g = np.full(6, 2.0, np.float32)
+    server.push(0, 1, g)
+    server.push(1, 1, g)  # computed before worker 0's push landed: staleness 1
+    log = server.log.drain()
+    assert log["staleness"].tolist() == [0, 1]
+    gap = np.sqrt(log["gap_sq"] / log["gap_n"])
+    np.testing.assert_allclose(gap, [0.0, 2.0])  # theta moved by lr*g = 2 per coordinate
+
+
+def test_ssgd_rounds_and_snapshots():
+    config = tiny(algorithm="ssgd", workers=2, momentum=0.0, lr=1.0, warmup_epochs=0)
+    server = make_server(config, evals=[0, 3], checkpoints=[2])
+    assert [s["point"] for s in server.poll()["snapshots"]] == [0]  # the start
+    for seq in (1, 2):
+        for w in (0, 1):
+            server.pull(w)
+            server.push(w, seq, np.full(6, w + 1.0, np.float32))
+    snaps = server.poll()["snapshots"]
+    # point 2 at the first round boundary, point 3 at the next (steps 4)
+    assert [(s["point"], s["steps"], s["updates"]) for s in snaps] == [(2, 2, 1), (3, 4, 2)]
+    assert "state" in snaps[0] and "params" in snaps[1]
+    np.testing.assert_allclose(snaps[1]["params"], -3.0)  # two steps of mean(1, 2)
+    restored = make_server(config, state=snaps[0]["state"])
+    np.testing.assert_allclose(restored.master.theta.numpy(), -1.5)
+    assert restored.counters()["last_seq"] == [1, 1]
+
+
+def test_log_merger_joins_shards_by_push():
+    merger = LogMerger(servers=2)
+
+    def entries(rows: list[tuple]) -> dict[str, np.ndarray]:
+        log = ShardLog()
+        for w, seq, stale, gap_sq, gap_n in rows:
+            log.append(
+                worker=w, seq=seq, staleness=stale, gap_sq=gap_sq, gap_n=gap_n, loss=0.5,
+                lr=0.1, time=1.0, duration=0.2, updates=seq,
+            )  # fmt: skip
+        return log.drain()
+
+    merger.add(0, entries([(0, 1, 0, 1.0, 2), (1, 1, 1, 4.0, 2)]))
+    assert len(merger) == 0  # shard 1's parts are not in yet
+    merger.add(1, entries([(1, 1, 2, 4.0, 2), (0, 1, 0, 3.0, 2)]))
+    assert len(merger) == 2
+    log = merger.log.numpy()
+    assert log["staleness"].tolist() == [0, 2]  # the stalest part
+    np.testing.assert_allclose(log["gap"], [1.0, math.sqrt(2.0)])  # sqrt(4/4), sqrt(8/4)
+    merger.add(0, entries([(0, 2, 0, 0.0, 2)]))
+    merger.finish()  # shard 1 never applied it (the run ended): merged with what is there
+    assert len(merger) == 3
+
+
+# -- real runs on a local Ray -------------------------------------------------------------
+requires_ray = pytest.mark.skipif(ray is None, reason="needs Ray: pip install 'ray>=2.9'")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level=logging.ERROR)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_run(local_ray, tmp_path_factory):
+    """``ray_run(**options)``: the RayRun of ``tiny(**options)``, run once per module."""
+    done: dict[tuple, Any] = {}
+
+    def get(**overrides: Any) -> Any:
+        key = tuple(sorted(overrides.items()))
+        if key not in done:
+            done[key] = run_on_ray(tiny(**overrides), tmp_path_factory.mktemp("run") / "run")
+        return done[key]
+
+    return get
+
+
+def run_on_ray(config: TrainConfig, out: Path, progress: Callable[[Any], Progress] | None = None):
+    """Train ``config`` with a RayRun in this process (Ray already up); the RayRun.
+
+    ``progress(runner)`` makes the progress reporter (default: a silent one).
+    """
+    from dana.dist.launcher import RayRun
+
+    run = RunDir(out)
+    run.path.mkdir(parents=True)
+    run.write_config(config.to_dict(), "test")
+    runner = RayRun(config, run, Problem(config))
+    reporter = progress(runner) if progress else Progress(enabled=False)
+    runner.summary = runner.execute(reporter)
+    run.write_summary(runner.summary)
+    return runner
+
+
+def check_accounting(runner: Any) -> dict[str, Any]:
+    """Every numbered push applied exactly once on every shard, or refused after the end."""
+    out = runner.run.path
+    dist = json.loads((out / "dist.json").read_text())
+    summary = runner.summary
+    for shard in dist["shards"]:
+        assert shard["seq_gaps"] == 0 and shard["duplicates"] == 0
+        assert sum(shard["applied"]) == shard["pushes"]
+        assert sum(shard["last_seq"]) == shard["pushes"] + shard["local_steps"]
+    first = dist["shards"][0]
+    assert dist["pushes_sent"] == sum(first["last_seq"]) + first["rejected_after_stop"]
+    assert summary["pushes"] == first["pushes"] == len(runner.merger.log)
+    trace = read_trace(out / "step_times.csv")
+    assert sum(map(len, trace)) == summary["pushes"]
+    assert list(RunDir(out).read_metrics()[0]) == list(METRICS_COLUMNS)
+    return dist
+
+
+@pytest.fixture(scope="module")
+def sim_summary_keys(tmp_path_factory) -> set[str]:
+    """The keys of a simulated run's summary.json."""
+    from dana.train.runner import train
+
+    out = tmp_path_factory.mktemp("sim") / "run"
+    return set(train(tiny(backend="sim", epochs=0.25), out, progress=False))
+
+
+@pytest.mark.ray
+@requires_ray
+@pytest.mark.parametrize(
+    "algorithm, workers", [("asgd", 2), ("dana-slim", 3), ("ssgd", 4)], ids=str
+)
+def test_runs_complete_and_learn(ray_run, sim_summary_keys, algorithm, workers):
+    runner = ray_run(algorithm=algorithm, workers=workers)
+    config, summary, rows = runner.config, runner.summary, runner.rows
+    assert [r["epoch"] for r in rows][0] == 0 and rows[-1]["epoch"] >= config.epochs
+    assert rows[-1]["test_loss"] < 0.75 * rows[0]["test_loss"]
+    assert rows[-1]["train_loss"] < 0.75 * rows[1]["train_loss"]
+    assert not summary["diverged"]
+    check_accounting(runner)
+    if algorithm == "ssgd":
+        rounds = math.ceil(round(config.epochs * 1024 / 32) / workers)
+        assert summary["updates"] == rounds and summary["pushes"] == rounds * workers
+        assert summary["max_staleness"] == 0
+    else:
+        assert summary["pushes"] == summary["updates"] == round(config.epochs * 1024 / 32)
+        assert 0 < summary["mean_staleness"] < 2 * workers
+        assert summary["mean_gap"] > 0
+    assert set(summary) == sim_summary_keys
+
+
+class KillWorker(Progress):
+    """Kills worker 0's process once the run has passed ``at`` steps (Ray restarts it)."""
+
+    def __init__(self, runner: Any, at: int):
+        super().__init__(enabled=False)
+        self.runner, self.at, self.killed_at = runner, at, None
+
+    def update(self, steps: int, loss: float) -> None:
+        if self.killed_at is None and steps >= self.at:
+            self.killed_at = steps
+            ray.kill(self.runner.workers[0], no_restart=False)
+
+
+@pytest.mark.ray
+@requires_ray
+def test_a_killed_worker_is_restarted_and_rejoins(local_ray, tmp_path):
+    config = tiny(algorithm="dana-slim", workers=3, epochs=4.0, time_scale=0.0005)
+    made: dict[str, KillWorker] = {}
+
+    def killer_for(runner: Any) -> KillWorker:
+        made["killer"] = KillWorker(runner, at=16)
+        return made["killer"]
+
+    runner = run_on_ray(config, tmp_path / "run", killer_for)
+    killer = made["killer"]
+    assert killer.killed_at is not None and killer.killed_at < 4 * 32
+    dist = check_accounting(runner)
+    assert dist["shards"][0]["joins"][0] == 2  # worker 0 pulled again after its restart
+    assert runner.summary["pushes"] == runner.summary["updates"] == 4 * 32
+    assert runner.rows[-1]["test_loss"] < 0.75 * runner.rows[0]["test_loss"]
+
+
+@pytest.mark.ray
+@requires_ray
+@pytest.mark.parametrize("algorithm", ["dana-slim", "ssgd"])
+def test_two_server_shards(ray_run, algorithm):
+    workers = {"dana-slim": 3, "ssgd": 4}[algorithm]  # the runs of the test above
+    one = ray_run(algorithm=algorithm, workers=workers)
+    two = ray_run(algorithm=algorithm, workers=workers, servers=2)
+    dist = check_accounting(two)
+    assert len(dist["shards"]) == 2
+    assert two.rows[-1]["test_loss"] < 0.75 * two.rows[0]["test_loss"]
+    assert two.summary["pushes"] == one.summary["pushes"]
+    if algorithm == "ssgd":  # a round averages the same k gradients: the same run
+        for a, b in zip(one.rows, two.rows):
+            assert b["test_loss"] == pytest.approx(a["test_loss"], rel=1e-4)
+    else:
+        assert abs(two.summary["mean_staleness"] - one.summary["mean_staleness"]) < 2
+        assert two.rows[-1]["test_loss"] < 1.5 * one.rows[-1]["test_loss"]
+
+
+def ray_processes() -> dict[int, tuple[int, int, str]]:
+    """Ray's processes on this machine: pid -> (parent pid, process group, name)."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,pgid=,comm="], capture_output=True, text=True)
+    names = ("ray::", "raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py")
+    procs = {}
+    for line in out.stdout.splitlines():
+        pid, ppid, pgid, comm = line.split(None, 3)
+        if any(n in comm for n in names):
+            procs[int(pid)] = (int(ppid), int(pgid), comm)
+    return procs
+
+
+def leaked(before: dict[int, Any], group: int) -> dict[int, Any]:
+    """New Ray processes in ``group`` or orphaned (not this module's live Ray's)."""
+    for _ in range(40):
+        left = {
+            pid: p
+            for pid, p in ray_processes().items()
+            if pid not in before and (p[1] == group or p[0] == 1)
+        }
+        if not left:
+            break
+        time.sleep(0.25)
+    return left
+
+
+@pytest.mark.ray
+@requires_ray
+def test_a_killed_driver_resumes_from_its_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    command = [sys.executable, "-m", "dana.cli", "train", "--backend", "ray"]
+    options = [
+        "--algorithm", "dana-slim", "--workers", "2", "--dataset", "synthetic",
+        "--model", "mlp", "--train-size", "1024", "--test-size", "256", "--epochs", "4",
+        "--batch-size", "32", "--lr", "0.05", "--checkpoint-every", "1",
+        "--time-scale", "0.0002", "--quiet", "--out", str(out),
+    ]  # fmt: skip
+    before = ray_processes()
+    driver = subprocess.Popen(
+        command + options, env=env, start_new_session=True, stdout=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.time() + 120
+        while not (out / "checkpoint.pt").exists():
+            assert driver.poll() is None, "the run ended before its first checkpoint"
+            assert time.time() < deadline, "no checkpoint after 120 s"
+            time.sleep(0.1)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started
+        driver.wait()
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert not (out / "summary.json").exists()
+    done = subprocess.run(
+        [sys.executable, "-m", "dana.cli", "train", "--resume", str(out), "--quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    rows = RunDir(out).read_metrics()
+    assert [r["epoch"] for r in rows] == [0, 1, 2, 3, 4]
+    assert rows[: len(saved["rows"])] == [pytest.approx(r, nan_ok=True) for r in saved["rows"]]
+    assert summary["pushes"] == summary["updates"] == 4 * 32
+    assert rows[-1]["test_loss"] < 0.75 * rows[0]["test_loss"]
+    dist = json.loads((out / "dist.json").read_text())
+    assert dist["shards"][0]["seq_gaps"] == 0
+    assert sum(dist["shards"][0]["applied"]) == 4 * 32
+    assert not leaked(before, driver.pid), "Ray processes left behind"
