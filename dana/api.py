@@ -1,5 +1,7 @@
 """Simulate ``k`` asynchronous workers training your own model, in a few lines.
 
+Example::
+
     >>> import torch, dana
     >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
     <torch._C.Generator object at ...>

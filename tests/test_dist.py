@@ -25,9 +25,11 @@ import numpy as np
 import pytest
 import torch
 
+from dana import algorithms
 from dana.dist.layout import Layout, shard_bounds
 from dana.dist.log import LogMerger, ShardLog
-from dana.dist.server import APPLIED, DUPLICATE, STOP, ShardServer
+from dana.dist.server import APPLIED, DUPLICATE, PARAMS, STOP, WAIT, ShardServer
+from dana.errors import ConfigError
 from dana.sim.timing import read_trace
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
@@ -149,6 +151,67 @@ def test_log_merger_joins_shards_by_push():
     merger.add(0, entries([(0, 2, 0, 0.0, 2)]))
     merger.finish()  # shard 1 never applied it (the run ended): merged with what is there
     assert len(merger) == 3
+
+
+def test_bounded_staleness_gates_at_the_server():
+    """The simulator's start and push gates, answered "wait" at once (s = 1, k = 3)."""
+    server = make_server(tiny(workers=3, max_staleness=1, lr=1.0, warmup_epochs=0))
+    g = np.ones(6, np.float32)
+    assert server.pull(0, join=True)[0] == server.pull(1, join=True)[0] == PARAMS
+    assert server.pull(2, join=True)[:2] == (WAIT, None)  # s + 1 = 2 workers in flight
+    status, params, _ = server.exchange(1, 1, g)  # applied, but worker 2 starts first
+    assert (status, params) == (APPLIED, None)
+    assert server.pull(1)[0] == WAIT and server.pull(2)[0] == PARAMS
+    # worker 2 pulled after 1 update; worker 0 (older) has staleness 1 already: holding
+    # 2's push keeps room for 0's
+    assert server.push(2, 1, g) == WAIT
+    assert server.push(2, 1, g) == WAIT and server.last_seq[2] == 0  # not taken
+    assert server.push(0, 1, g) == APPLIED  # the oldest is never held
+    assert server.push(2, 1, g) == APPLIED
+    assert server.push(2, 1, g) == DUPLICATE  # idempotent as ever
+    assert server.log.drain()["staleness"].tolist() == [0, 1, 1]
+    assert server.pull(1)[0] == PARAMS and server.pull(0)[0] == PARAMS  # in line
+    assert server.pull(2)[0] == WAIT
+    counters = server.counters()
+    assert (counters["waits"], counters["held_pushes"], counters["held_starts"]) == (3, 1, 3)
+    assert counters["wait_time"] > 0 and server.poll()["waits"] == 3
+    # a worker that rejoins (a restart) drops its records: here worker 0 leaves the
+    # flight, and worker 2, next in line, may start
+    assert server.pull(0, join=True)[0] == WAIT
+    assert server.gate.inflight == [1] and server.pull(2)[0] == PARAMS
+    server.forget(1)  # gone for good: holds no one
+    assert server.gate.inflight == [2] and server.pull(0)[0] == PARAMS
+    assert server.push(0, 2, g) == APPLIED  # worker 2, older, had room for one update
+    assert server.push(2, 2, g) == APPLIED
+    assert max(server.log.drain()["staleness"]) == 1
+    server.stop()
+    assert server.push(0, 3, g) == STOP and server.pull(1)[0] == STOP
+
+
+def test_gate_docstring_example():
+    import doctest
+
+    from dana.dist import gate
+
+    result = doctest.testmod(gate)
+    assert result.failed == 0 and result.attempted > 0
+
+
+def test_ssgd_ignores_the_staleness_bound():
+    config = tiny(algorithm="ssgd", workers=2, momentum=0.0, max_staleness=0)
+    server = make_server(config)
+    assert server.gate is None
+    assert server.pull(0)[0] == server.pull(1)[0] == PARAMS
+
+
+def test_non_elementwise_algorithms_are_not_sharded():
+    flat = sorted(name for name, cls in algorithms.ALGORITHMS.items() if not cls.elementwise)
+    assert flat == ["dana-easgd", "yellowfin", "yellowfin-cl"]
+
+    tiny(algorithm="dana-slim", servers=2).validate()
+    tiny(algorithm="yellowfin", servers=1).validate()
+    with pytest.raises(ConfigError, match="dana-easgd.*use --servers 1"):
+        tiny(algorithm="dana-easgd", servers=2).validate()
 
 
 # -- real runs on a local Ray -------------------------------------------------------------
@@ -293,6 +356,74 @@ def test_two_server_shards(ray_run, algorithm):
     else:
         assert abs(two.summary["mean_staleness"] - one.summary["mean_staleness"]) < 2
         assert two.rows[-1]["test_loss"] < 1.5 * one.rows[-1]["test_loss"]
+
+
+@pytest.mark.ray
+@requires_ray
+@pytest.mark.parametrize("bound", [0, 2])
+def test_bounded_staleness_on_ray(ray_run, sim_summary_keys, bound):
+    runner = ray_run(workers=4, max_staleness=bound)
+    summary, rows = runner.summary, runner.rows
+    dist = check_accounting(runner)
+    staleness = runner.merger.log.numpy()["staleness"]  # every applied push's
+    assert len(staleness) == summary["pushes"] == round(3.0 * 1024 / 32)
+    assert staleness.max() <= bound and summary["max_staleness"] <= bound
+    assert dist["pushes_sent"] == dist["pushes_applied"] + dist["rejected_after_stop"]
+    assert dist["max_staleness"] == bound and dist["waits"] > 0  # 4 workers, s + 1 < 4
+    assert summary["wait_time"] == pytest.approx(dist["wait_time"]) and summary["wait_time"] > 0
+    assert rows[-1]["test_loss"] < 0.75 * rows[0]["test_loss"]
+    assert rows[-1]["train_loss"] < 0.75 * rows[1]["train_loss"]
+    assert set(summary) == sim_summary_keys
+
+
+@pytest.mark.ray
+@requires_ray
+def test_bounded_staleness_with_two_shards(ray_run):
+    runner = ray_run(algorithm="dana-slim", workers=3, servers=2, max_staleness=1)
+    dist = check_accounting(runner)
+    first, second = dist["shards"]
+    assert dist["relayed"] and second["seq_gaps"] == 0
+    # shard 0 relayed every push and pull, in its order: shard 1 counted alike
+    for key in ("steps", "pushes", "updates", "applied", "last_seq"):
+        assert second[key] == first[key], key
+    assert runner.merger.log.numpy()["staleness"].max() <= 1
+    assert runner.rows[-1]["test_loss"] < 0.75 * runner.rows[0]["test_loss"]
+
+
+@pytest.mark.ray
+@requires_ray
+def test_bounded_staleness_survives_a_killed_worker(local_ray, tmp_path):
+    config = tiny(workers=3, max_staleness=1, time_scale=0.0003)
+    made: dict[str, KillWorker] = {}
+
+    def killer_for(runner: Any) -> KillWorker:
+        made["killer"] = KillWorker(runner, at=16)
+        return made["killer"]
+
+    runner = run_on_ray(config, tmp_path / "run", killer_for)
+    assert made["killer"].killed_at is not None and made["killer"].killed_at < 3 * 32
+    dist = check_accounting(runner)
+    assert dist["shards"][0]["joins"][0] == 2  # its restart's join replaced its records
+    assert runner.summary["pushes"] == 3 * 32
+    assert runner.merger.log.numpy()["staleness"].max() <= 1
+    assert runner.rows[-1]["test_loss"] < 0.75 * runner.rows[0]["test_loss"]
+
+
+@pytest.mark.ray
+@requires_ray
+def test_the_cli_refuses_to_shard_yellowfin(tmp_path, capsys):
+    from dana.cli import main
+
+    out = tmp_path / "run"
+    options = [
+        "train", "--backend", "ray", "--servers", "2", "--algorithm", "yellowfin",
+        "--dataset", "synthetic", "--model", "mlp", "--train-size", "64",
+        "--test-size", "32", "--batch-size", "16", "--quiet", "--out", str(out),
+    ]  # fmt: skip
+    assert main(options) == 2
+    err = capsys.readouterr().err
+    assert "yellowfin" in err and "use --servers 1" in err
+    assert not out.exists()  # refused before anything started
 
 
 def ray_processes() -> dict[int, tuple[int, int, str]]:

@@ -13,7 +13,7 @@ rules"), whoever drives it (the simulator or the Ray runtime):
 
 An :class:`Algorithm` holds the hyper-parameters (validated at construction) and builds
 the two rules. A master rule holds the master's state for a flat parameter vector (or a
-contiguous shard of one: every rule in the registry is element-wise); a worker rule
+contiguous shard of one, when the algorithm is ``elementwise``); a worker rule
 holds the state of ``n`` workers as one ``(n, d)`` tensor (the simulator builds one for
 all ``k`` workers, a Ray worker one for itself).
 """
@@ -164,6 +164,11 @@ class Algorithm:
     #: True when the master applies one update per round of ``k`` pushes computed at
     #: the same parameters (runners then drive rounds instead of a free-running queue).
     synchronous: ClassVar[bool] = False
+    #: True when the master rule works per contiguous shard of the parameters unchanged
+    #: (its state and arithmetic are per element), so that sharded parameter servers
+    #: (``--servers S``) each run it on their slice; False when it needs the whole vector
+    #: (global norms, dot products), which the Ray launcher then refuses to shard.
+    elementwise: ClassVar[bool] = True
     master_rule: ClassVar[type[MasterRule]]
     worker_rule: ClassVar[type[WorkerRule]] = WorkerRule
 

@@ -130,3 +130,4 @@ class DanaEasgd(Eamsgd):
     name = "dana-easgd"
     summary = "EAMSGD exchanging against the center's predicted position at landing"
     master_rule = DanaEasgdMaster
+    elementwise = False  # rho: one persistence, from dot products over the whole vector

@@ -19,8 +19,8 @@ and the bias correction ``b = 1 - beta**n`` of every moving average (decay ``bet
 
 After the first push the runner's ``lr`` is ignored: YellowFin sets its own (its
 schedule, warm-up and decay do not apply). Its state is global (norms over all of
-``theta``, a median): sharded over several parameter servers, each shard would tune
-itself on its own slice.
+``theta``, a median), so it is not element-wise (``elementwise = False``): a Ray run
+does not shard it over several parameter servers.
 
 ``yellowfin-cl`` closes the momentum loop for asynchrony (the paper's Section 5,
 Algorithm 5). Staleness adds momentum of its own, so the total momentum ``mu_T`` the
@@ -227,6 +227,7 @@ class YellowFin(Algorithm):
     name = "yellowfin"
     summary = "YellowFin: heavy-ball momentum, lr and momentum tuned at the master"
     master_rule = YellowFinMaster
+    elementwise = False  # the tuner's norms and median span the whole vector
 
     def __init__(self, beta: float = 0.999, window: int = 20):
         self.beta = _check_beta(beta)
@@ -239,6 +240,7 @@ class YellowFinClosedLoop(Algorithm):
     name = "yellowfin-cl"
     summary = "closed-loop YellowFin: measures total momentum, feeds back on the applied one"
     master_rule = YellowFinMaster
+    elementwise = False  # the tuner's norms and median span the whole vector
 
     def __init__(self, beta: float = 0.999, window: int = 20, gamma: float = 0.01):
         self.beta = _check_beta(beta)

@@ -4,6 +4,7 @@
   parameters) and the protocol the workers speak to it;
 - :mod:`dana.dist.worker`: a worker (model replica, its own data stream, a worker rule);
 - :mod:`dana.dist.link`: a worker's calls to all shards at once;
+- :mod:`dana.dist.gate`: bounded staleness (``--max-staleness``), the simulator's gates;
 - :mod:`dana.dist.launcher`: ``dana train --backend ray``'s driver (:class:`RayRun`);
 - :mod:`dana.dist.log`, :mod:`dana.dist.checkpoint`, :mod:`dana.dist.layout`,
   :mod:`dana.dist.delay`, :mod:`dana.dist.cluster`: the per-push log, checkpoints, the

@@ -18,6 +18,12 @@ workers talk to the servers directly, and the driver only watches:
   worker and waits for all ``k`` pushes before the next round (a crashed worker is
   restarted and redoes its step; a push already applied is not applied twice).
 
+``--max-staleness s`` (asynchronous algorithms; ``ssgd`` ignores it, as in the
+simulator): shard 0 keeps the simulator's start and push gates
+(:mod:`dana.dist.gate`) and answers what they refuse with "wait"; with several shards
+it relays every call to the others, so that all shards count alike. The summary's
+``wait_time`` is the seconds workers spent waiting, summed over workers.
+
 Every ``POLL_SECONDS`` (and after every ``ssgd`` round) the driver drains the servers'
 logs and snapshots, evaluates each evaluation snapshot itself (the servers go on
 meanwhile) and writes each checkpoint snapshot to ``checkpoint.pt``. Times in the log
@@ -73,18 +79,12 @@ class RayRun:
         if self.S > self.d:
             raise ConfigError(f"--servers {self.S} is more than the model's {self.d} parameters")
         algorithm = algorithms.get(config.algorithm)
-        if self.S > 1 and not getattr(algorithm, "elementwise", True):
-            raise ConfigError(
-                f"--servers {self.S}: {config.algorithm}'s master rule is not element-wise "
-                "(its state depends on the whole vector), so it cannot be split into shards; "
-                "use --servers 1"
-            )
-        if config.max_staleness is not None:
-            raise ConfigError(
-                "--max-staleness is not supported by --backend ray yet; use the simulator"
-            )
         self.batches_per_epoch = problem.dataset.train_size // config.batch_size
         self.synchronous = algorithm.synchronous
+        # Bounded staleness (ssgd ignores it): shard 0 gates, and relays when S > 1.
+        self.bounded = config.max_staleness is not None and not self.synchronous
+        self.relay = self.bounded and self.S > 1
+        self.wait_time, self.waits = 0.0, 0
         self.rows: list[dict[str, float]] = []
         self.logged = 0  # pushes already summarised in a metrics row
         self.wall_before = 0.0  # training seconds before a resume
@@ -144,7 +144,7 @@ class RayRun:
                     self._run_rounds(ray, servers, workers, progress)
                 else:
                     self._run_free(ray, servers, workers, progress)
-                ray.get([s.stop.remote() for s in servers])
+                self._stop(ray, servers)
                 self._poll(ray, servers)
                 self.merger.finish()
                 self._process_points(ray, servers, progress)
@@ -188,6 +188,7 @@ class RayRun:
                 evals=sorted(self.evals),
                 checkpoints=checkpoints,
                 state=None if self.saved_servers is None else self.saved_servers[s],
+                peers=names[1:] if self.relay and s == 0 else None,
             )
             for s, (lo, hi) in enumerate(layout.bounds)
         ]
@@ -215,7 +216,7 @@ class RayRun:
             self._poll(ray, servers)
             self._process_points(ray, servers, progress)
             if self.diverged_at is not None:
-                ray.get([s.stop.remote() for s in servers])
+                self._stop(ray, servers)
             self._show(progress)
         if self.steps < self.end and self.diverged_at is None:
             raise DanaError(
@@ -258,6 +259,8 @@ class RayRun:
                     f"last checkpoint with `dana train --resume {self.run.path}`"
                 ) from None
             self.lost.append(i)
+            if self.bounded:  # its records must not hold the others
+                self.servers[0].forget.remote(i)
             return None
         except ray.exceptions.RayActorError:  # restarted, or restarting: call it again
             self.failed_calls[i] += 1
@@ -265,6 +268,13 @@ class RayRun:
             return False
 
     # -- what the servers report --------------------------------------------------------
+    def _stop(self, ray: Any, servers: list[Any]) -> None:
+        """Stop every shard (a relaying shard 0 stops the others after what it relayed)."""
+        if self.relay:
+            ray.get(ray.get(servers[0].stop.remote()))
+        else:
+            ray.get([s.stop.remote() for s in servers])
+
     def _poll(self, ray: Any, servers: list[Any]) -> None:
         try:
             replies = ray.get([s.poll.remote() for s in servers])
@@ -278,6 +288,7 @@ class RayRun:
             self.snapshots[s].extend(reply["snapshots"])
         head = replies[0]
         self.steps, self.updates, self.pushes = head["steps"], head["updates"], head["pushes"]
+        self.waits, self.wait_time = head["waits"], head["wait_time"]
         self._check_divergence()
 
     def _check_divergence(self) -> None:
@@ -311,7 +322,7 @@ class RayRun:
                     self.diverged_at = snaps[0]["updates"]
                     self.diverged_index = snaps[0]["pushes"]
                     self.diverged_steps = snaps[0]["steps"]
-                    ray.get([s.stop.remote() for s in servers])
+                    self._stop(ray, servers)
                     continue
                 self.run.write_metrics(self.rows)
                 self.run.log_row(row)
@@ -383,6 +394,8 @@ class RayRun:
         return {
             "servers": self.S,
             "workers": self.k,
+            "max_staleness": self.config.max_staleness if self.bounded else None,
+            "relayed": self.relay,
             "startup_seconds": startup,
             # Every push a worker numbered (its last seq): applied once, or answered
             # "stop" after the run's last step; a crashed worker renumbers from the
@@ -392,6 +405,8 @@ class RayRun:
             "local_steps": shards[0]["local_steps"],
             "rejected_after_stop": shards[0]["rejected_after_stop"],
             "duplicates": shards[0]["duplicates"],
+            "waits": shards[0]["waits"],
+            "wait_time": shards[0]["wait_time"],
             "failed_run_calls": self.failed_calls,
             "workers_lost": self.lost,
             "worker_replies": dict(self.worker_counts),

@@ -5,6 +5,11 @@ shard, the reply itself, read-only, straight from Ray's object store: no copy). 
 splits the message into the shards' contiguous slices (numpy views; Ray copies each into
 its object store once) and sends them concurrently. See :mod:`dana.dist.server` for the
 calls and their replies.
+
+With ``relay`` (bounded staleness and ``S > 1``) every call goes to shard 0 only, which
+makes it on the other shards itself, in its own order: the other shards' slices travel
+as object references (``ray.put`` here, fetched by their shard), and their pull replies
+come back as references this link fetches.
 """
 
 from __future__ import annotations
@@ -19,25 +24,42 @@ import torch
 from torch import Tensor
 
 from dana.dist.layout import Layout
-from dana.dist.server import STOP
+from dana.dist.server import PARAMS, STOP
 
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
 class ServerLink:
-    def __init__(self, servers: list[Any], layout: Layout, worker: int, dtype: torch.dtype):
+    def __init__(
+        self,
+        servers: list[Any],
+        layout: Layout,
+        worker: int,
+        dtype: torch.dtype,
+        relay: bool = False,
+    ):
         self.servers, self.layout, self.worker = servers, layout, worker
+        self.relay = relay and len(servers) > 1
         self.probes = [torch.from_numpy(p) for p in layout.probes]
         self.buffer = torch.empty(layout.d, dtype=dtype) if len(servers) > 1 else None
+        self.sent: tuple[int, list[Any]] | None = None  # relay: (seq, its slices' refs)
 
-    def pull(self, join: bool = False) -> tuple[Tensor | None, float, int, int]:
-        """(parameters or None if the run is over, lr, last seq applied, joins so far)."""
-        replies = ray.get([s.pull.remote(self.worker, join) for s in self.servers])
-        _, _, lr, _, joins = replies[0]
+    def pull(self, join: bool = False) -> tuple[str, Tensor | None, float, int, int]:
+        """(status, parameters (None unless status is "params": "stop" once the run is
+        over, "wait" while the staleness bound holds the worker), lr, last seq applied,
+        joins so far)."""
+        if self.relay:
+            *head, refs = ray.get(self.servers[0].relay_pull.remote(self.worker, join))
+            replies = [tuple(head), *ray.get(refs)]
+        else:
+            replies = ray.get([s.pull.remote(self.worker, join) for s in self.servers])
+        status, _, lr, _, joins = replies[0]
         last_seq = max(r[3] for r in replies)
         if any(r[0] == STOP for r in replies):
-            return None, lr, last_seq, joins
-        return self._join([r[1] for r in replies]), lr, last_seq, joins
+            return STOP, None, lr, last_seq, joins
+        if status != PARAMS:
+            return status, None, lr, last_seq, joins
+        return PARAMS, self._join([r[1] for r in replies]), lr, last_seq, joins
 
     def push(
         self,
@@ -47,7 +69,9 @@ class ServerLink:
         offset: Tensor | None = None,
         buffers: dict[str, np.ndarray] | None = None,
     ) -> list[str]:
-        """Push to every shard; the shards' statuses."""
+        """Push to every shard; the shards' statuses (shard 0's only when relayed)."""
+        if self.relay:
+            return [ray.get(self._relayed("relay_push", seq, message, loss, offset, buffers))]
         calls = self._calls("push", seq, message, loss, offset, buffers)
         return ray.get(calls)
 
@@ -59,12 +83,39 @@ class ServerLink:
         offset: Tensor | None = None,
         buffers: dict[str, np.ndarray] | None = None,
     ) -> tuple[list[str], Tensor | None, float]:
-        """Push and pull in one round trip: (statuses, parameters or None if over, lr)."""
+        """Push and pull in one round trip: (statuses, parameters or None, lr).
+
+        No parameters: the run is over (a status says "stop" or this was its last push),
+        or the push was held or the pull must wait (bounded staleness).
+        """
+        if self.relay:
+            status, params, lr, refs = ray.get(
+                self._relayed("relay_exchange", seq, message, loss, offset, buffers)
+            )
+            if params is None:
+                return [status], None, lr
+            replies = ray.get(refs)
+            if any(r[0] != PARAMS for r in replies):
+                return [status, STOP], None, lr  # (another shard only refuses when stopped)
+            return [status], self._join([params, *(r[1] for r in replies)]), lr
         replies = ray.get(self._calls("exchange", seq, message, loss, offset, buffers))
         statuses = [r[0] for r in replies]
         if any(r[1] is None for r in replies):
             return statuses, None, replies[0][2]
         return statuses, self._join([r[1] for r in replies]), replies[0][2]
+
+    def _parts(
+        self, message: Tensor | None, offset: Tensor | None
+    ) -> tuple[list[np.ndarray] | None, list[np.ndarray | None]]:
+        """The shards' slices of the message and their probe coordinates of ``offset``."""
+        pieces = self.layout.split(message.numpy()) if message is not None else None
+        offsets: list[np.ndarray | None] = []
+        for s, (lo, hi) in enumerate(self.layout.bounds):
+            off = None
+            if offset is not None:
+                off = torch.index_select(offset[lo:hi], 0, self.probes[s]).numpy()
+            offsets.append(off)
+        return pieces, offsets
 
     def _calls(
         self,
@@ -75,24 +126,46 @@ class ServerLink:
         offset: Tensor | None,
         buffers: dict[str, np.ndarray] | None,
     ) -> list[Any]:
-        pieces = self.layout.split(message.numpy()) if message is not None else None
-        calls = []
-        for s, server in enumerate(self.servers):
-            lo, hi = self.layout.bounds[s]
-            off = None
-            if offset is not None:
-                off = torch.index_select(offset[lo:hi], 0, self.probes[s]).numpy()
-            calls.append(
-                getattr(server, method).remote(
-                    self.worker,
-                    seq,
-                    None if pieces is None else pieces[s],
-                    loss if s == 0 else math.nan,
-                    off,
-                    buffers if s == 0 else None,
-                )
+        pieces, offsets = self._parts(message, offset)
+        return [
+            getattr(server, method).remote(
+                self.worker,
+                seq,
+                None if pieces is None else pieces[s],
+                loss if s == 0 else math.nan,
+                offsets[s],
+                buffers if s == 0 else None,
             )
-        return calls
+            for s, server in enumerate(self.servers)
+        ]
+
+    def _relayed(
+        self,
+        method: str,
+        seq: int,
+        message: Tensor | None,
+        loss: float,
+        offset: Tensor | None,
+        buffers: dict[str, np.ndarray] | None,
+    ) -> Any:
+        """Call shard 0's relaying ``method``; the other shards' slices go by reference
+        (in a list: Ray hands them to shard 0 unresolved, and resolves each at its shard)."""
+        pieces, offsets = self._parts(message, offset)
+        others = None
+        if pieces is not None:  # put once: a held push is sent again with the same seq
+            if self.sent is None or self.sent[0] != seq:
+                self.sent = seq, [ray.put(piece) for piece in pieces[1:]]
+            others = self.sent[1]
+        return getattr(self.servers[0], method).remote(
+            self.worker,
+            seq,
+            None if pieces is None else pieces[0],
+            loss,
+            offsets[0],
+            buffers,
+            others,
+            offsets[1:],
+        )
 
     def _join(self, pieces: list[np.ndarray]) -> Tensor:
         if self.buffer is None:

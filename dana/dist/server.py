@@ -1,20 +1,22 @@
 """The parameter server of one shard: the master rule, served to workers one call at a time.
 
 A :class:`ShardServer` owns the master rule of an algorithm built on the contiguous shard
-``params[lo:hi]`` (every rule in the registry is element-wise, so a rule on a shard is
-the rule; ``ssgd``'s round of ``k`` pushes completes on every shard with the same
-pushes). It runs as a Ray actor that executes one method at a time, so a push is applied
-whole before the next call is looked at, and no call ever waits for a worker: a slow
-worker only delays its own next call.
+``params[lo:hi]`` (for an ``elementwise`` algorithm a rule on a shard is the rule; the
+launcher refuses to shard the others; ``ssgd``'s round of ``k`` pushes completes on every
+shard with the same pushes). It runs as a Ray actor that executes one method at a time,
+so a push is applied whole before the next call is looked at, and no call ever waits
+for a worker: a slow worker only delays its own next call.
 
-Protocol (all arguments and results are numpy arrays and plain values):
+Protocol (all arguments and results are numpy arrays and plain values, and the relayed
+calls' Ray object references, below):
 
 - ``pull(worker, join) -> (status, params, lr, last_seq, joins)``: the parameters
   ``worker`` computes at (``master.pull`` at the current learning rate ``lr``, which the
   worker rule also gets through ``set_lr`` for its step), or ``status == "stop"`` and no
-  parameters once the run is over. ``join=True`` marks the first pull of a
-  worker process (a start, a restart after a crash, a resume); the reply tells it the
-  sequence number of its last push this server applied and how often it has joined.
+  parameters once the run is over (``"wait"``: bounded staleness, below).
+  ``join=True`` marks the first pull of a worker process (a start, a restart after a
+  crash, a resume); the reply tells it the sequence number of its last push this server
+  applied and how often it has joined.
 - ``push(worker, seq, message, loss, offset, buffers) -> status``: apply the message
   (``master.push`` at the current learning rate). Pushes are idempotent: each worker
   numbers its pushes 1, 2, 3, ... and a push whose ``seq`` is not above the last one
@@ -29,6 +31,23 @@ Protocol (all arguments and results are numpy arrays and plain values):
   per asynchronous step.
 - ``poll() -> dict``: the log entries and snapshots since the last poll, and counters.
 - ``stop()``: answer every later push and pull with ``"stop"``.
+- ``forget(worker)``: drop the bounded-staleness records of a worker gone for good.
+
+Bounded staleness (``max_staleness`` set, an asynchronous algorithm): shard 0 keeps the
+:class:`~dana.dist.gate.StalenessGate`. A pull the start gate refuses is answered
+``status == "wait"`` (no parameters); a push the push gate holds is answered ``"wait"``
+and not applied, its sequence number not taken: the worker sends it again (the same
+``seq``) a moment later. ``exchange`` whose push is applied but whose pull must wait
+answers with the push's status and no parameters; the worker then pulls. With ``S > 1``
+shards, shard 0 relays: the workers call only shard 0 (``relay_pull``,
+``relay_push``, ``relay_exchange``, which carry the other shards' slices of the message
+as object references), and shard 0, once it has applied a push or served a pull, makes
+the same call on every other shard itself. Ray runs the calls of one caller on an
+actor in the order they were made, so every shard applies the same pushes and serves
+the same pulls in the same order: its counts, and so its staleness, are shard 0's.
+``relay_pull`` and ``relay_exchange`` add to their reply the references of the other
+shards' replies, which the worker fetches directly (the data do not pass through
+shard 0 either way).
 
 Counters: ``steps`` (gradient computations, local ones included: the simulator's
 ``steps``; epochs are ``steps / batches_per_epoch``), ``pushes`` (messages applied) and
@@ -52,12 +71,14 @@ from torch import Tensor
 
 from dana import algorithms
 from dana.algorithms.base import MasterRule
+from dana.dist.gate import StalenessGate
 from dana.dist.layout import Layout
 from dana.dist.log import ShardLog
 from dana.train.config import TrainConfig
 from dana.train.runner import build_schedule
 
 APPLIED, DUPLICATE, LOCAL, STOP, PARAMS = "applied", "duplicate", "local", "stop", "params"
+WAIT = "wait"  # bounded staleness: the call is refused for now; ask again
 
 # Arrays from Ray's object store are read-only; the rules only read messages.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -77,6 +98,8 @@ class ShardServer:
         evals, checkpoints: the step counts at which to snapshot for an evaluation, and
             for a checkpoint.
         state: a checkpointed :meth:`state` to continue from.
+        peers: shard 0 of a sharded run with bounded staleness: the names of the other
+            shards' actors, to which it relays every call (resolved by :meth:`begin`).
     """
 
     def __init__(
@@ -91,12 +114,18 @@ class ShardServer:
         evals: list[int],
         checkpoints: list[int],
         state: dict[str, Any] | None = None,
+        peers: list[str] | None = None,
     ):
         torch.set_num_threads(1)
         cfg = TrainConfig.from_dict(config)
         algorithm = algorithms.build(cfg.algorithm, **cfg.algorithm_hparams())
         self.shard, self.k = shard, cfg.workers
         self.synchronous = algorithm.synchronous
+        bounded = cfg.max_staleness is not None and not self.synchronous  # ssgd: rounds
+        self.gate = StalenessGate(cfg.max_staleness) if bounded and shard == 0 else None
+        self.peer_names = list(peers or [])
+        self.peers: list[Any] = []  # their actor handles, once begin() has run
+        self.rejoined = [False] * self.k  # relay: a join to pass on with the next pull
         self.master = algorithm.master(torch.from_numpy(params), self.k)  # (a copy)
         self._plain_pull = type(self.master).pull is MasterRule.pull  # pull == copy theta
         self._out = None if self._plain_pull else torch.empty_like(self.master.theta)
@@ -121,6 +150,7 @@ class ShardServer:
         self.pulled_at = [0] * self.k
         self.cycle_start = [time.time()] * self.k
         self.stopped = False
+        self.waits_before, self.wait_before = 0, 0.0  # before a resume (the gate: since)
         self.buffers: dict[str, np.ndarray] | None = None
         self.log = ShardLog()
         self.snapshots: list[dict[str, Any]] = []
@@ -143,6 +173,10 @@ class ShardServer:
         start of training, earlier by the training time before a resume)."""
         self.clock_zero = clock_zero
         self.cycle_start = [time.time()] * self.k
+        if self.peer_names:
+            import ray
+
+            self.peers = [ray.get_actor(name) for name in self.peer_names]
         self._after_step(moved=True)  # the snapshot of point 0, if due
 
     def pull(
@@ -150,9 +184,12 @@ class ShardServer:
     ) -> tuple[str, np.ndarray | None, float, int, int]:
         if join:
             self.joins[worker] += 1
+            self.rejoined[worker] = True
         seen = self.last_seq[worker], self.joins[worker]
         if self.stopped:
             return STOP, None, math.nan, *seen
+        if not self._admit(worker, join):
+            return WAIT, None, math.nan, *seen
         return PARAMS, self._serve(worker, join), self.lr(), *seen
 
     def push(
@@ -170,6 +207,13 @@ class ShardServer:
         if self.stopped:
             self.rejected += 1
             return STOP
+        now = time.time()
+        if (
+            message is not None  # (a local step is never held: its worker stays in flight)
+            and self.gate is not None
+            and not self.gate.may_push(worker, self.pushes, now)
+        ):
+            return WAIT  # held: not applied, its seq not taken; the worker sends it again
         if seq != self.last_seq[worker] + 1:
             self.seq_gaps += 1
         self.last_seq[worker] = seq
@@ -178,7 +222,6 @@ class ShardServer:
             self.local_steps += 1
             self._after_step(moved=False)
             return LOCAL
-        now = time.time()
         lr = self.lr()
         staleness = self.updates - self.pulled_at[worker]
         gap_sq = self._gap_sq(worker, lr)
@@ -187,6 +230,8 @@ class ShardServer:
         self.pushes += 1
         self.steps += 1
         self.applied[worker] += 1
+        if self.gate is not None:
+            self.gate.pushed(worker)
         if offset is not None:
             self._set_offset(worker, offset)
         if buffers is not None:
@@ -221,10 +266,76 @@ class ShardServer:
         status = self.push(worker, seq, message, loss, offset, buffers)
         if self.stopped:  # this push may have been the run's last one: status says
             return status, None, math.nan
+        if status == WAIT or not self._admit(worker, join=False):
+            return status, None, self.lr()  # held, or applied and the pull must wait
         return status, self._serve(worker, join=False), self.lr()
 
+    # -- relayed calls (shard 0 of a sharded run with bounded staleness) ----------------
+    def relay_pull(self, worker: int, join: bool = False) -> tuple[Any, ...]:
+        """:meth:`pull`, then the same pull on every other shard if it was served: the
+        reply and, last, the references of the other shards' replies."""
+        reply = self.pull(worker, join)
+        return (*reply, self._relay_pull(worker) if reply[0] == PARAMS else [])
+
+    def relay_push(
+        self,
+        worker: int,
+        seq: int,
+        message: np.ndarray | None,
+        loss: float,
+        offset: np.ndarray | None,
+        buffers: dict[str, np.ndarray] | None,
+        pieces: list[Any] | None,
+        offsets: list[np.ndarray | None],
+    ) -> str:
+        """:meth:`push`, then the same push on every other shard if it was taken.
+
+        ``pieces``: the other shards' slices of the message, as object references (in a
+        list, so that Ray hands them over unresolved; ``None`` for a local step);
+        ``offsets``: their probe coordinates of the worker's ``theta_offset``.
+        """
+        status = self.push(worker, seq, message, loss, offset, buffers)
+        self._relay_push(status, worker, seq, pieces, offsets)
+        return status
+
+    def relay_exchange(
+        self,
+        worker: int,
+        seq: int,
+        message: np.ndarray,
+        loss: float,
+        offset: np.ndarray | None,
+        buffers: dict[str, np.ndarray] | None,
+        pieces: list[Any],
+        offsets: list[np.ndarray | None],
+    ) -> tuple[str, np.ndarray | None, float, list[Any]]:
+        """:meth:`exchange`, relayed: (status, params, lr, the other shards' pull replies)."""
+        status, params, lr = self.exchange(worker, seq, message, loss, offset, buffers)
+        self._relay_push(status, worker, seq, pieces, offsets)
+        return status, params, lr, [] if params is None else self._relay_pull(worker)
+
+    def _relay_push(
+        self,
+        status: str,
+        worker: int,
+        seq: int,
+        pieces: list[Any] | None,
+        offsets: list[np.ndarray | None],
+    ) -> None:
+        if status not in (APPLIED, LOCAL):
+            return
+        for s, peer in enumerate(self.peers):
+            piece = None if pieces is None else pieces[s]
+            peer.push.remote(worker, seq, piece, math.nan, offsets[s], None)
+
+    def _relay_pull(self, worker: int) -> list[Any]:
+        join, self.rejoined[worker] = self.rejoined[worker], False
+        return [peer.pull.remote(worker, join) for peer in self.peers]
+
+    # -- the driver's calls ---------------------------------------------------------------
     def poll(self) -> dict[str, Any]:
         snapshots, self.snapshots = self.snapshots, []
+        waits, wait_time = self._waits()
         return {
             "log": self.log.drain(),
             "snapshots": snapshots,
@@ -232,13 +343,27 @@ class ShardServer:
             "updates": self.updates,
             "pushes": self.pushes,
             "stopped": self.stopped,
+            "waits": waits,
+            "wait_time": wait_time,
         }
 
-    def stop(self) -> None:
+    def stop(self) -> list[Any]:
+        """Stop; shard 0 that relays also stops the other shards, after every call it
+        relayed to them (the references of those stops, for the driver to wait on)."""
         self.stopped = True
+        return [peer.stop.remote() for peer in self.peers]
+
+    def forget(self, worker: int) -> None:
+        if self.gate is not None:
+            self.gate.forget(worker)
 
     def counters(self) -> dict[str, Any]:
+        waits, wait_time = self._waits()
+        gate = {} if self.gate is None else self.gate.counters()
         return {
+            **gate,
+            "waits": waits,
+            "wait_time": wait_time,
             "steps": self.steps,
             "updates": self.updates,
             "pushes": self.pushes,
@@ -276,8 +401,27 @@ class ShardServer:
         self.last_seq = [int(s) for s in state["last_seq"]]
         self.applied = [int(s) for s in state["applied"]]
         self.joins = [int(s) for s in state["joins"]]
+        self.waits_before = int(state.get("waits", 0))  # (absent before dana-ray/1 had it)
+        self.wait_before = float(state.get("wait_time", 0.0))
 
     # -- internals ----------------------------------------------------------------------
+    def _admit(self, worker: int, join: bool) -> bool:
+        """The start gate (bounded staleness): whether ``worker`` may pull now; records
+        its start if so."""
+        if self.gate is None:
+            return True
+        if join:  # a new process: its earlier incarnation's records go
+            self.gate.forget(worker)
+        else:  # (a worker pulls while in flight only to start its step again)
+            self.gate.pushed(worker)
+        return self.gate.start(worker, self.pushes, time.time())
+
+    def _waits(self) -> tuple[int, float]:
+        """Waits for the staleness bound and their total seconds, over the whole run."""
+        if self.gate is None:
+            return self.waits_before, self.wait_before
+        return self.waits_before + self.gate.waits, self.wait_before + self.gate.wait_time
+
     def _serve(self, worker: int, join: bool) -> np.ndarray:
         if self._plain_pull:  # Ray copies the returned array once, into its object store
             out = self.master.theta
@@ -330,4 +474,14 @@ class ShardServer:
         self.snapshots.append(snap)
 
 
-_STATE_COUNTERS = ("steps", "updates", "pushes", "local_steps", "last_seq", "applied", "joins")
+_STATE_COUNTERS = (
+    "steps",
+    "updates",
+    "pushes",
+    "local_steps",
+    "last_seq",
+    "applied",
+    "joins",
+    "waits",
+    "wait_time",
+)

@@ -15,6 +15,12 @@ own state, e.g. ``dana-slim``'s momentum ``v_i``). One step, as in the simulator
 3. push the message with the next sequence number and pull in the same round trip
    (``exchange``); ``ssgd``: push, and pull again only in the driver's next round.
 
+Bounded staleness (``--max-staleness``): a server answers a pull or a push the bound
+does not allow yet with ``"wait"``; the worker sends the same call again after a pause
+that doubles from :data:`WAIT_FIRST` up to :data:`WAIT_MAX` seconds (a held push keeps
+its sequence number), and pulls on its own when an exchange's push was applied but its
+pull had to wait.
+
 Data: every worker draws batches from its own :class:`~dana.train.batches.BatchStream`,
 a fresh shuffle of all ``N`` training examples per pass, seeded by
 ``(seed, worker, incarnation)``; a restarted or resumed worker (a new incarnation)
@@ -43,10 +49,15 @@ from dana import algorithms
 from dana.dist.delay import StepDelay
 from dana.dist.layout import Layout
 from dana.dist.link import ServerLink
-from dana.dist.server import APPLIED, DUPLICATE, LOCAL, STOP
+from dana.dist.server import APPLIED, DUPLICATE, LOCAL, STOP, WAIT
 from dana.train.batches import BatchStream
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
+
+#: Seconds before a worker asks again after a "wait" (bounded staleness); each further
+#: "wait" doubles the pause, up to :data:`WAIT_MAX`.
+WAIT_FIRST = 0.001
+WAIT_MAX = 0.016
 
 
 class Worker:
@@ -62,11 +73,13 @@ class Worker:
         algorithm = algorithms.build(self.config.algorithm, **self.config.algorithm_hparams())
         dtype = getattr(torch, self.config.dtype)
         self.rule = algorithm.worker(1, d, dtype)
+        bounded = self.config.max_staleness is not None and not algorithm.synchronous
         self.link = ServerLink(
             [ray.get_actor(name) for name in servers],
             Layout(d, self.config.servers, self.config.seed),
             index,
             dtype,
+            relay=bounded,  # (with one shard there is nothing to relay)
         )
         self.sends_offset = self.rule.theta_offset(1.0) is not None
         self.has_buffers = any(True for _ in self.problem.flat.module.buffers())
@@ -85,7 +98,7 @@ class Worker:
         ``seq``: the sequence number of this worker's last push.
         """
         counts: Counter[str] = Counter()
-        params = self._pull()
+        params = self._pull(counts)
         if round_index is not None:
             if params is not None and self.seq < round_index + 1:
                 self.seq = round_index
@@ -95,13 +108,20 @@ class Worker:
             params = self._step(params, counts, exchange=True)
         return {**counts, "seq": self.seq}
 
-    def _pull(self) -> Tensor | None:
+    def _pull(self, counts: Counter[str]) -> Tensor | None:
+        """The parameters to compute at (None: stop), once the servers serve them."""
         join = self.stream is None
-        params, lr, last_seq, joins = self.link.pull(join=join)
-        self.seq, self.lr = max(self.seq, last_seq), lr
-        if join:
-            self._start(joins)
-        return params
+        pause = WAIT_FIRST
+        while True:
+            status, params, lr, last_seq, joins = self.link.pull(join=join)
+            self.seq, self.lr = max(self.seq, last_seq), lr
+            if join:
+                self._start(joins)
+                join = False
+            if status != WAIT:
+                return params
+            counts["wait_replies"] += 1
+            pause = _pause(pause)
 
     def _start(self, incarnation: int) -> None:
         cfg = self.config
@@ -130,14 +150,34 @@ class Worker:
             self.delay.pad(started)
         self.seq += 1
         counts["sent"] += 1
-        if message is None or not exchange:
-            statuses = self.link.push(self.seq, message, loss, offset, buffers)
-            following = params if message is None else None
-        else:
-            statuses, following, lr = self.link.exchange(self.seq, message, loss, offset, buffers)
-            self.lr = lr
+        pause = WAIT_FIRST
+        while True:  # (only a bounded run's held push goes round more than once)
+            if message is None or not exchange:
+                statuses = self.link.push(self.seq, message, loss, offset, buffers)
+                following = params if message is None else None
+            else:
+                statuses, following, lr = self.link.exchange(
+                    self.seq, message, loss, offset, buffers
+                )
+            if statuses[0] != WAIT:
+                break
+            counts["wait_replies"] += 1
+            pause = _pause(pause)
         counts[_REPLY[statuses[0]]] += 1
-        return None if STOP in statuses else following
+        if STOP in statuses:
+            return None
+        if message is None or not exchange:
+            return following
+        if following is None:  # the run is over, or the pull must wait: pull on its own
+            return self._pull(counts)
+        self.lr = lr
+        return following
+
+
+def _pause(seconds: float) -> float:
+    """Sleep ``seconds``; the next pause."""
+    time.sleep(seconds)
+    return min(2 * seconds, WAIT_MAX)
 
 
 _REPLY = {APPLIED: "applied", DUPLICATE: "duplicate", LOCAL: "local", STOP: "stopped"}

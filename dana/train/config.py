@@ -164,6 +164,12 @@ class TrainConfig:
             raise ConfigError(
                 f"--dtype {self.dtype!r} is unknown; choose one of: {', '.join(DTYPES)}"
             )
+        if self.servers > 1 and not algorithms.get(self.algorithm).elementwise:
+            raise ConfigError(
+                f"--servers {self.servers}: {self.algorithm}'s master rule is not "
+                "element-wise (its state depends on the whole vector), so it cannot be split "
+                "into shards; use --servers 1"
+            )
         try:
             algorithms.build(self.algorithm, **self.algorithm_hparams())
         except (ValueError, TypeError) as e:

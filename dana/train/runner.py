@@ -243,6 +243,11 @@ def train(
             "or choose another --out"
         )
     config.validate()
+    if config.backend == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise DanaError("--backend ray needs Ray: pip install 'ray>=2.9'") from None
     problem = Problem(config)  # loads data and builds the model: bad input fails here
     if config.backend == "ray":
         from dana.dist.launcher import RayRun
