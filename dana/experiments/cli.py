@@ -1,0 +1,282 @@
+"""``dana sweep``, ``dana report`` and ``dana presets``: registered by ``dana.cli``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import yaml
+
+from dana.cli import EXIT_ERROR, EXIT_OK, add_train_options, collect_options
+
+S = argparse.SUPPRESS
+
+
+def _list_of(type_):
+    def parse(text: str) -> list[Any]:
+        items = [x for x in text.replace(",", " ").split() if x]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        try:
+            return [type_(x) for x in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad value in list {text!r}") from None
+
+    return parse
+
+
+def _grid_axis(text: str) -> tuple[str, list[Any]]:
+    """``lr=0.05,0.1`` -> ("lr", [0.05, 0.1]); each value is read as YAML."""
+    from dana.experiments.grid import canonical_key
+
+    key, sep, values = text.partition("=")
+    if not sep or not key or not values:
+        raise argparse.ArgumentTypeError(f"expected OPTION=V1,V2,..., got {text!r}")
+    return canonical_key(key), [yaml.safe_load(v) for v in values.split(",")]
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a test error in percent, got {text!r}"
+        ) from None
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"--target is a percentage in (0, 100], got {value}")
+    return value / 100
+
+
+# -- dana sweep ---------------------------------------------------------------------------
+def add_sweep_parser(sub) -> None:
+    p = sub.add_parser(
+        "sweep",
+        conflict_handler="resolve",
+        help="run a grid of training runs (algorithms x workers x seeds x options)",
+        description="Run every cell of a grid (algorithms x worker counts x seeds x any "
+        "option) into one results directory, one run directory per cell. Finished runs are "
+        "skipped on a rerun; interrupted runs continue from their checkpoint (or restart); "
+        "a failing or diverging run never stops the others. Any `dana train` option is a "
+        "fixed setting for every run. Worker count 1 runs only the one-worker baseline "
+        "(--baseline). Precedence: --preset, then --config, then the command line.",
+    )
+    add_train_options(p)
+    grid = p.add_argument_group("the grid")
+    grid.add_argument("--preset", default=None, help="a shipped sweep (see `dana presets`)")
+    grid.add_argument(
+        "--config",
+        dest="config_file",
+        default=S,
+        metavar="FILE",
+        help="YAML sweep file: a `grid:` section (option: [values]), `baseline:`, and any "
+        "`dana train` option as a fixed setting",
+    )
+    grid.add_argument(
+        "--algorithms",
+        dest="grid_algorithm",
+        type=_list_of(str),
+        default=S,
+        metavar="A,B",
+        help="algorithms, e.g. ssgd,nag-asgd,dana-slim",
+    )
+    grid.add_argument(
+        "--workers",
+        dest="grid_workers",
+        type=_list_of(int),
+        default=S,
+        metavar="K,K",
+        help="worker counts, e.g. 1,4,16 (1: the one-worker baseline)",
+    )
+    grid.add_argument(
+        "--seeds",
+        dest="grid_seed",
+        type=_list_of(int),
+        default=S,
+        metavar="S,S",
+        help="seeds, e.g. 0,1",
+    )
+    grid.add_argument(
+        "--grid",
+        dest="grid_extra",
+        type=_grid_axis,
+        action="append",
+        default=S,
+        metavar="OPTION=V1,V2",
+        help="vary any other option, e.g. lr=0.05,0.1 (repeatable)",
+    )
+    grid.add_argument(
+        "--baseline",
+        default=None,
+        help="algorithm run at k=1 (default dana-slim = Nesterov SGD; 'all': every algorithm)",
+    )
+    run = p.add_argument_group("running")
+    run.add_argument("--out", default=None, help="results directory (default results/PRESET)")
+    run.add_argument(
+        "--resume",
+        metavar="DIR",
+        default=None,
+        help="continue the sweep recorded in DIR/sweep.json (same as rerunning its command)",
+    )
+    run.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="keep finished runs' checkpoint.pt (default: delete them once summary.json exists)",
+    )
+    run.add_argument("--dry-run", action="store_true", help="list the runs and their state")
+    run.add_argument(
+        "--report", action="store_true", help="write the report and print its table at the end"
+    )
+    run.add_argument(
+        "--target", type=_percent, default=None, help="with --report: target test error in %%"
+    )
+    p.set_defaults(func=cmd_sweep)
+
+
+def sweep_spec(args: argparse.Namespace):
+    """The SweepSpec the arguments describe (preset < --config < --resume < command line)."""
+    from dana.experiments.grid import SweepSpec
+    from dana.experiments.layout import SweepDir
+    from dana.experiments.presets import load_preset, load_spec_file
+
+    spec = load_preset(args.preset) if args.preset else SweepSpec()
+    given = vars(args)
+    if "config_file" in given:
+        layer = load_spec_file(given["config_file"])
+        spec = spec.override(layer.fixed, layer.grid)
+        spec.baseline = layer.baseline if layer.baseline else spec.baseline
+        spec.description = layer.description or spec.description
+    if args.resume:
+        stored = SweepSpec.from_dict(SweepDir(args.resume).read_spec()["spec"], args.resume)
+        spec = spec.override(stored.fixed, stored.grid)
+        spec.baseline, spec.description = stored.baseline, stored.description
+    fixed = collect_options(
+        argparse.Namespace(**{k: v for k, v in given.items() if k != "config_file"})
+    )
+    for key in ("timing_params", "algorithm_params"):
+        if key in fixed and isinstance(spec.fixed.get(key), dict):
+            fixed[key] = {**spec.fixed[key], **fixed[key]}
+    axes = {
+        key[5:]: value
+        for key, value in given.items()
+        if key.startswith("grid_") and key != "grid_extra"
+    }
+    axes.update(dict(given.get("grid_extra", [])))
+    spec = spec.override(fixed, axes)
+    if args.baseline:
+        spec.baseline = args.baseline
+    spec.check("command line")
+    return spec
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from dana.errors import ConfigError
+    from dana.experiments.layout import SweepDir
+    from dana.experiments.sweep import plan, run_sweep
+
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
+    spec = sweep_spec(args)
+    out = args.out or args.resume or f"results/{args.preset or 'sweep'}"
+    if args.dry_run:
+        sweep = SweepDir(out)
+        cells = plan(spec, sweep)
+        for cell in cells:
+            print(f"{cell.name:40s} {sweep.state(cell)}")
+        print(f"{len(cells)} runs into {out}")
+        return EXIT_OK
+    result = run_sweep(
+        spec, out, jobs=args.jobs, progress=not args.quiet, keep_checkpoints=args.keep_checkpoints
+    )
+    print(
+        f"dana sweep: {len(result.status)} runs in {out}: {result.count('finished')} finished, "
+        f"{result.count('diverged')} diverged, {result.count('skipped')} skipped (done before), "
+        f"{len(result.failed)} failed. Log: {SweepDir(out).log_file}"
+    )
+    if args.report:
+        _print_report(out, None, args.target, None)
+    if result.failed:
+        print(
+            f"dana sweep: failed: {', '.join(result.failed)}; see {out}/logs/NAME.log",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+# -- dana report --------------------------------------------------------------------------
+def add_report_parser(sub) -> None:
+    p = sub.add_parser(
+        "report",
+        help="tables and plots of a results directory",
+        description="Read the runs under DIR (a `dana sweep` results directory, or any "
+        "directory of `dana train` runs) without retraining; write report.md and PNG plots "
+        "(error vs epochs, final error vs workers, gap vs workers, speed-up over ssgd) and "
+        "print the final-error table.",
+    )
+    p.add_argument("dir", metavar="DIR", help="results directory")
+    p.add_argument("--out", default=None, help="where to write report.md and plots (default DIR)")
+    p.add_argument(
+        "--target",
+        type=_percent,
+        default=None,
+        help="test error in %% for time-to-target (default: the one-worker baseline's)",
+    )
+    p.add_argument("--baseline", default=None, help="algorithm whose k=1 runs are the baseline")
+    p.add_argument(
+        "--export",
+        metavar="DEST",
+        default=None,
+        help="first copy the finished runs' config.json, metrics.csv and summary.json (no "
+        "checkpoints) into DEST, then write the report there (e.g. under docs/)",
+    )
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    path = args.dir
+    if args.export:
+        from dana.experiments.export import export_results
+
+        count = export_results(args.dir, args.export)
+        print(f"Copied the small files of {count} runs into {args.export}")
+        path = args.export
+    _print_report(path, args.out, args.target, args.baseline)
+    return EXIT_OK
+
+
+def _print_report(path: str, out: str | None, target: float | None, baseline: str | None) -> None:
+    from dana.experiments.report import build_report
+
+    report = build_report(path, out, target=target, baseline=baseline)
+    print("Final test error (%), mean ± std over seeds:")
+    print(report.error_table)
+    if report.target is not None:
+        print(f"Time-to-target target: {100 * report.target:.2f}% test error")
+    print("Wrote " + ", ".join(str(f) for f in report.files))
+
+
+# -- dana presets -------------------------------------------------------------------------
+def add_presets_parser(sub) -> None:
+    p = sub.add_parser(
+        "presets", help="list the shipped sweeps", description="List the presets of `dana sweep`."
+    )
+    p.set_defaults(func=cmd_presets)
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from dana.experiments.presets import load_preset, preset_names
+
+    for name in preset_names():
+        description = load_preset(name).description.strip().splitlines()
+        print(f"{name:24s} {description[0] if description else ''}")
+    return EXIT_OK
+
+
+def register_commands(sub) -> None:
+    """Add ``sweep``, ``report`` and ``presets`` to ``dana``'s subcommands."""
+    add_sweep_parser(sub)
+    add_report_parser(sub)
+    add_presets_parser(sub)

@@ -1,0 +1,44 @@
+"""Copy a results directory's small files elsewhere (e.g. into docs/), without checkpoints.
+
+For every finished (or diverged) run: ``config.json``, ``metrics.csv`` and
+``summary.json``, under the same relative path; the sweep's ``sweep.json`` and the cell
+files of failed cells. ``dana report`` reruns on the copy and gives the same report.
+Incomplete runs are left out: their numbers are not results yet.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from dana.errors import DanaError
+from dana.experiments.results import load_results
+
+RUN_FILES = ("config.json", "metrics.csv", "summary.json")
+
+
+def export_results(source: str | Path, dest: str | Path) -> int:
+    """Copy the small files of ``source``'s finished runs into ``dest``; the run count."""
+    source, dest = Path(source), Path(dest)
+    if dest.resolve() == source.resolve():
+        raise DanaError(f"--export {dest}: the copy must go to another directory")
+    results = load_results(source)
+    copied = 0
+    for run in results.runs:
+        relative = run.path.relative_to(source)
+        if run.status in ("finished", "diverged"):
+            for name in RUN_FILES:
+                if (run.path / name).is_file():
+                    _copy(run.path / name, dest / relative / name)
+            copied += 1
+        elif run.status == "failed" and (source / "cells" / f"{run.path.name}.json").is_file():
+            name = f"{run.path.name}.json"
+            _copy(source / "cells" / name, dest / "cells" / name)
+    if (source / "sweep.json").is_file():
+        _copy(source / "sweep.json", dest / "sweep.json")
+    return copied
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)

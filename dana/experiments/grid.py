@@ -1,0 +1,202 @@
+"""A sweep's specification and its expansion into cells (one training run each).
+
+A :class:`SweepSpec` holds the options shared by every run (``fixed``), the options
+that vary (``grid``: option -> list of values) and the algorithm of the one-worker
+baseline. :func:`expand` turns it into :class:`Cell` objects, each a complete set of
+``dana train`` options and a directory name made from the settings that vary.
+
+Runs with ``workers == 1`` are the single-worker baseline: with one worker every
+algorithm collapses to plain (momentum or Nesterov) SGD, so only ``baseline``
+(default ``dana-slim``: exactly ``torch.optim.SGD(momentum=m, nesterov=True)`` with
+one worker) is run there, once per seed; ``baseline="all"`` runs every algorithm.
+
+>>> spec = SweepSpec(grid={"algorithm": ["ssgd", "dana-slim"], "workers": [1, 4], "seed": [0]})
+>>> [c.name for c in expand(spec)]
+['dana-slim_k1_s0', 'ssgd_k4_s0', 'dana-slim_k4_s0']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from dana.errors import ConfigError
+from dana.train.config import TrainConfig
+
+#: The axes every sweep has, in the order cells are run: all of seed 0 first, so that a
+#: partial sweep holds complete tables for its first seeds.
+MAIN_AXES = ("seed", "workers", "algorithm")
+#: Plural spellings accepted in a ``grid:`` section or on the command line.
+ALIASES = {"algorithms": "algorithm", "seeds": "seed", "worker": "workers"}
+DEFAULT_BASELINE = "dana-slim"
+
+
+def option_names() -> set[str]:
+    """The names of every ``dana train`` option (the fields of TrainConfig)."""
+    return {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def canonical_key(key: str) -> str:
+    """``lr-decay-epochs`` -> ``lr_decay_epochs``; plural aliases -> the option name."""
+    key = key.replace("-", "_")
+    return ALIASES.get(key, key)
+
+
+@dataclass
+class SweepSpec:
+    """What a sweep runs: fixed options, a grid of varied options, the baseline algorithm."""
+
+    fixed: dict[str, Any] = field(default_factory=dict)
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    baseline: str = DEFAULT_BASELINE
+    description: str = ""
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "sweep spec") -> SweepSpec:
+        """A spec from a mapping: ``grid:``, ``baseline:``, ``description:``, and any
+        ``dana train`` option as a fixed setting (a preset or ``--config`` file)."""
+        values = dict(values)
+        grid_values = values.pop("grid", None) or {}
+        if not isinstance(grid_values, dict):
+            raise ConfigError(f"{source}: 'grid' must map option names to lists of values")
+        baseline = values.pop("baseline", DEFAULT_BASELINE)
+        description = values.pop("description", "")
+        values.pop("dana_version", None)
+        fixed = {canonical_key(k): v for k, v in values.items()}
+        grid: dict[str, list[Any]] = {}
+        for key, vals in grid_values.items():
+            grid[canonical_key(key)] = vals if isinstance(vals, list) else [vals]
+        spec = cls(fixed, grid, str(baseline), str(description))
+        spec.check(source)
+        return spec
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "description": self.description,
+            "baseline": self.baseline,
+            "grid": {k: list(v) for k, v in self.grid.items()},
+            **self.fixed,
+        }
+
+    def check(self, source: str = "sweep spec") -> None:
+        """Raise ConfigError for unknown option names or empty value lists."""
+        names = option_names()
+        for where, keys in (("option", self.fixed), ("grid option", self.grid)):
+            unknown = sorted(set(keys) - names)
+            if unknown:
+                raise ConfigError(
+                    f"{source}: unknown {where}(s) {', '.join(unknown)}; valid: "
+                    f"{', '.join(sorted(names))}"
+                )
+        for key, vals in self.grid.items():
+            if not vals:
+                raise ConfigError(f"{source}: grid option {key!r} has no values")
+            if len(set(map(repr, vals))) != len(vals):
+                raise ConfigError(f"{source}: grid option {key!r} repeats a value: {vals!r}")
+
+    def override(self, fixed: dict[str, Any], grid: dict[str, list[Any]]) -> SweepSpec:
+        """A copy with ``fixed`` options and ``grid`` axes laid over this spec.
+
+        A fixed option replaces a grid axis of the same name (a value given on the
+        command line wins over a list in the preset), and a grid axis replaces a fixed
+        option of the same name.
+        """
+        new_fixed = {k: v for k, v in self.fixed.items() if k not in grid}
+        new_fixed.update(fixed)
+        new_grid = {k: v for k, v in self.grid.items() if k not in fixed}
+        new_grid.update(grid)
+        return dataclasses.replace(self, fixed=new_fixed, grid=new_grid)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a sweep: its directory name and its complete ``dana train`` options."""
+
+    name: str
+    options: dict[str, Any]
+
+    @property
+    def algorithm(self) -> str:
+        return self.options["algorithm"]
+
+    @property
+    def workers(self) -> int:
+        return self.options["workers"]
+
+    @property
+    def seed(self) -> int:
+        return self.options["seed"]
+
+    def config(self) -> TrainConfig:
+        """The validated TrainConfig of this cell (ConfigError names the cell)."""
+        return TrainConfig.from_dict(self.options, f"sweep cell {self.name}").validate()
+
+
+def axes(spec: SweepSpec) -> dict[str, list[Any]]:
+    """Every axis of the grid: seed, workers, algorithm (from the grid, the fixed options
+    or TrainConfig's defaults), then the other grid options in their given order."""
+    default = TrainConfig()
+    result: dict[str, list[Any]] = {}
+    for key in MAIN_AXES:
+        if key in spec.grid:
+            result[key] = list(spec.grid[key])
+        else:
+            result[key] = [spec.fixed.get(key, getattr(default, key))]
+    for key, vals in spec.grid.items():
+        if key not in MAIN_AXES:
+            result[key] = list(vals)
+    return result
+
+
+def expand(spec: SweepSpec) -> list[Cell]:
+    """The cells of ``spec`` in run order (seed, then workers, then algorithm, then the
+    other axes); at ``workers == 1`` only the baseline algorithm (see the module doc).
+
+    Raises ConfigError when two cells would share a directory name.
+    """
+    spec.check()
+    grid = axes(spec)
+    extra = [k for k in grid if k not in MAIN_AXES]
+    cells: list[Cell] = []
+    seen: dict[str, Cell] = {}
+    for values in itertools.product(*grid.values()):
+        setting = dict(zip(grid, values))
+        if setting["workers"] == 1 and spec.baseline != "all":
+            setting["algorithm"] = spec.baseline
+        options = {**spec.fixed, **setting}
+        name = cell_name(options, extra)
+        if name in seen:
+            if seen[name].options == options:
+                continue  # the baseline, reached once per algorithm
+            raise ConfigError(
+                f"two sweep cells would both be named {name!r}; give the grid values that "
+                "differ distinct names"
+            )
+        cell = Cell(name, options)
+        seen[name] = cell
+        cells.append(cell)
+    return cells
+
+
+def cell_name(options: dict[str, Any], extra: list[str] | tuple[str, ...] = ()) -> str:
+    """``{algorithm}_k{workers}_s{seed}`` then ``_{option}{value}`` for each extra axis.
+
+    >>> cell_name({"algorithm": "dana-slim", "workers": 16, "seed": 0, "lr": 0.05}, ["lr"])
+    'dana-slim_k16_s0_lr0.05'
+    """
+    parts = [str(options["algorithm"]), f"k{options['workers']}", f"s{options['seed']}"]
+    parts += [f"{key.replace('_', '-')}{_value_text(options[key])}" for key in extra]
+    return re.sub(r"[^A-Za-z0-9._+-]", "-", "_".join(parts))
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return "-".join(_value_text(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return "-".join(f"{k}{_value_text(v)}" for k, v in sorted(value.items())) or "none"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

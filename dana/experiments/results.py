@@ -1,0 +1,262 @@
+"""Read a results directory's runs, without retraining, and group them for a report.
+
+Every directory under the results directory that holds a ``config.json`` is a run (a
+sweep's ``runs/NAME/``, a single ``dana train --out``, or a copy of their small files).
+A run is ``finished`` or ``diverged`` (from ``summary.json``), ``incomplete`` (no
+summary yet), or ``failed`` (no summary, and the sweep's ``sweep.json`` says it failed).
+
+Runs are grouped by *row* (the algorithm, plus any other setting that differs between
+runs, such as ``lr=0.05``) and worker count; the seeds of a group are its samples.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dana.errors import DanaError
+from dana.train.rundir import RunDir
+
+#: Settings that never split rows: the axes of the table and the sample index, and
+#: settings that do not change the result.
+_NOT_ROW_KEYS = {"algorithm", "workers", "seed", "data_dir", "tensorboard", "checkpoint_every"}
+
+
+@dataclass
+class Run:
+    """One run's files as read from disk."""
+
+    path: Path
+    config: dict[str, Any]
+    summary: dict[str, Any] | None
+    metrics: list[dict[str, float]]
+    status: str  # finished, diverged, incomplete, failed
+
+    @property
+    def algorithm(self) -> str:
+        return self.config["algorithm"]
+
+    @property
+    def workers(self) -> int:
+        return int(self.config["workers"])
+
+    @property
+    def seed(self) -> int:
+        return int(self.config.get("seed", 0))
+
+    @property
+    def final_error(self) -> float:
+        """Final test error (NaN unless finished without diverging)."""
+        if self.status != "finished" or self.summary is None:
+            return math.nan
+        return _number(self.summary.get("final_test_error"))
+
+    @property
+    def mean_gap(self) -> float:
+        return _number(self.summary.get("mean_gap")) if self.summary else math.nan
+
+
+@dataclass
+class Group:
+    """The runs (one per seed) of one row at one worker count."""
+
+    row: str
+    workers: int
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def results(self) -> list[Run]:
+        """The runs with a result: finished or diverged."""
+        return [r for r in self.runs if r.status in ("finished", "diverged")]
+
+    @property
+    def diverged(self) -> int:
+        return sum(1 for r in self.runs if r.status == "diverged")
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.runs if r.status == "failed")
+
+    def errors(self) -> np.ndarray:
+        """Final test errors of the runs that finished without diverging."""
+        return np.array([r.final_error for r in self.runs if r.status == "finished"])
+
+    def gaps(self) -> np.ndarray:
+        """Mean gaps of the runs with a result (a diverged run's gap up to divergence)."""
+        gaps = np.array([r.mean_gap for r in self.results])
+        return gaps[np.isfinite(gaps)]
+
+
+@dataclass
+class Results:
+    """All runs of a results directory, grouped by row and worker count."""
+
+    path: Path
+    runs: list[Run]
+    baseline_algorithm: str | None = None
+    groups: dict[tuple[str, int], Group] = field(default_factory=dict)
+    row_keys: list[str] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[str]:
+        """Row labels: algorithms in the sweep's order (else alphabetical)."""
+        return list(dict.fromkeys(row for row, _ in self.groups))
+
+    @property
+    def workers(self) -> list[int]:
+        return sorted({k for _, k in self.groups})
+
+    def group(self, row: str, workers: int) -> Group | None:
+        return self.groups.get((row, workers))
+
+    def baseline(self) -> Group | None:
+        """The one-worker baseline: the runs at ``workers == 1`` of the baseline algorithm
+        (the sweep's, else ``dana-slim``, else the only algorithm run at one worker)."""
+        one = {row: g for (row, k), g in self.groups.items() if k == 1}
+        if not one:
+            return None
+        for name in (self.baseline_algorithm, "dana-slim"):
+            if name in one:
+                return one[name]
+        return one[next(iter(one))] if len(one) == 1 else None
+
+    def common_settings(self) -> dict[str, Any]:
+        """The settings shared by every run (the protocol of the table)."""
+        if not self.runs:
+            return {}
+        first = self.runs[0].config
+        return {
+            k: v
+            for k, v in first.items()
+            if k not in ("algorithm", "workers", "seed", "dana_version")
+            and all(r.config.get(k) == v for r in self.runs)
+        }
+
+    def seeds(self) -> list[int]:
+        return sorted({r.seed for r in self.runs})
+
+
+def load_results(path: str | Path, baseline: str | None = None) -> Results:
+    """Every run under ``path``, grouped (see the module doc). DanaError if there is none."""
+    path = Path(path)
+    if not path.is_dir():
+        raise DanaError(f"{path}: no such results directory")
+    failed = _failed_cells(path)
+    runs = []
+    for config_file in sorted(path.rglob("config.json")):
+        if any(part.startswith(".") for part in config_file.relative_to(path).parts):
+            continue
+        run = _read_run(RunDir(config_file.parent), failed)
+        if run is not None:
+            runs.append(run)
+    runs += _failed_before_start(path, failed, {r.path.name for r in runs})
+    if not runs:
+        raise DanaError(
+            f"{path}: holds no runs (no */config.json); give the --out directory of a "
+            "`dana sweep` or of `dana train` runs"
+        )
+    if baseline is None:
+        baseline = _sweep_baseline(path)
+    results = Results(path, runs, baseline)
+    results.row_keys = _row_keys(runs)
+    for run in runs:
+        row = row_label(run.config, results.row_keys)
+        group = results.groups.setdefault((row, run.workers), Group(row, run.workers))
+        group.runs.append(run)
+    # rows in the sweep's algorithm order where there is one, else alphabetical
+    order = sweep_record(path).get("spec", {}).get("grid", {}).get("algorithm") or []
+    order = list(dict.fromkeys([*order, *sorted(r.algorithm for r in runs)]))
+    results.groups = dict(sorted(results.groups.items(), key=lambda kv: _order(kv[0], order)))
+    return results
+
+
+def row_label(config: dict[str, Any], keys: list[str]) -> str:
+    """``dana-slim`` or, when other settings vary, ``dana-slim (lr=0.05)``."""
+    if not keys:
+        return config["algorithm"]
+    extra = ", ".join(f"{k}={config.get(k)}" for k in keys)
+    return f"{config['algorithm']} ({extra})"
+
+
+def _row_keys(runs: list[Run]) -> list[str]:
+    values: dict[str, set[str]] = defaultdict(set)
+    for run in runs:
+        for k, v in run.config.items():
+            if k not in _NOT_ROW_KEYS and k != "dana_version":
+                values[k].add(json.dumps(v, sort_keys=True))
+    keys = {k for r in runs for k in r.config}
+    return sorted(k for k in keys - _NOT_ROW_KEYS - {"dana_version"} if len(values[k]) > 1)
+
+
+def _order(key: tuple[str, int], order: list[str]) -> tuple[int, str, int]:
+    """Sort key of a (row, workers) group: the algorithm's place, the row, then k."""
+    return (order.index(key[0].split(" ", 1)[0]), key[0], key[1])
+
+
+def _read_run(run: RunDir, failed: set[str]) -> Run | None:
+    try:
+        config = run.read_config()
+    except DanaError:
+        return None
+    if "algorithm" not in config or "workers" not in config:
+        return None
+    summary = None
+    if run.finished():
+        try:
+            summary = run.read_summary()
+        except (OSError, json.JSONDecodeError):
+            summary = None
+    metrics: list[dict[str, float]] = []
+    if run.metrics.is_file():
+        try:
+            metrics = run.read_metrics()
+        except (OSError, ValueError):
+            metrics = []
+    if summary is not None:
+        status = "diverged" if summary.get("diverged") else "finished"
+    else:
+        status = "failed" if run.path.name in failed else "incomplete"
+    return Run(run.path, config, summary, metrics, status)
+
+
+def sweep_record(path: Path) -> dict[str, Any]:
+    """The ``sweep.json`` a ``dana sweep`` left in ``path`` (empty if none)."""
+    try:
+        return json.loads((path / "sweep.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _failed_before_start(path: Path, failed: set[str], seen: set[str]) -> list[Run]:
+    """Failed sweep cells that left no run directory (bad input found before training):
+    their settings come from the sweep's ``cells/NAME.json``."""
+    runs = []
+    for name in sorted(failed - seen):
+        try:
+            config = json.loads((path / "cells" / f"{name}.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        runs.append(Run(path / "runs" / name, config, None, [], "failed"))
+    return runs
+
+
+def _failed_cells(path: Path) -> set[str]:
+    cells = sweep_record(path).get("cells", [])
+    return {c["name"] for c in cells if c.get("status") == "failed"}
+
+
+def _sweep_baseline(path: Path) -> str | None:
+    return sweep_record(path).get("spec", {}).get("baseline")
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan

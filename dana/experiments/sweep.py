@@ -1,0 +1,314 @@
+"""Run a sweep: every cell of a grid as a ``dana train`` subprocess, ``jobs`` at a time.
+
+Each cell runs ``python -m dana.cli train --config OUT/cells/NAME.json --out
+OUT/runs/NAME --quiet`` (or ``train --resume OUT/runs/NAME`` when it left a checkpoint),
+with ``OMP_NUM_THREADS = cores // jobs`` (or the value the environment already sets). Its output goes to ``OUT/logs/NAME.log``.
+
+- A finished cell (``summary.json`` present) is skipped (its checkpoint, no longer
+  needed, is deleted unless ``keep_checkpoints``): rerunning a sweep only runs
+  what is missing, and adding seeds or worker counts to a grid only runs the new cells.
+- An interrupted cell continues from its checkpoint, or restarts when it has none.
+- A cell that fails (exit 1 or 2) or diverges (exit 3) is recorded in ``sweep.log`` and
+  ``sweep.json``; the others run on.
+- SIGINT/SIGTERM stop the running cells (they keep their checkpoints) and exit 130; if
+  the sweep itself is killed, its runs get SIGTERM from the kernel (Linux).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from tqdm import tqdm
+
+from dana.atomic import write_text_atomic
+from dana.experiments.grid import Cell, SweepSpec, expand
+from dana.experiments.layout import FINISHED, RESTART, RESUMABLE, SweepDir
+from dana.train.config import TrainConfig
+
+#: ``dana train``'s exit statuses, as a sweep records them.
+OUTCOMES = {0: "finished", 3: "diverged", 2: "bad-input", 1: "error", 130: "interrupted"}
+POLL_SECONDS = 0.5
+
+
+@dataclass
+class SweepResult:
+    """What became of each cell: its status (finished, diverged, skipped, failed, ...)."""
+
+    status: dict[str, str] = field(default_factory=dict)
+
+    def count(self, *statuses: str) -> int:
+        return sum(1 for s in self.status.values() if s in statuses)
+
+    @property
+    def failed(self) -> list[str]:
+        return [n for n, s in self.status.items() if s == "failed"]
+
+
+@dataclass
+class _Job:
+    cell: Cell
+    process: subprocess.Popen
+    output: IO[bytes]
+    started: float
+    mode: str
+
+
+class _Stop(Exception):
+    """SIGTERM, turned into an exception so that the running cells are stopped cleanly."""
+
+
+def threads_per_job(jobs: int, cores: int | None = None) -> int:
+    """Torch threads for each of ``jobs`` concurrent runs: ``max(1, cores // jobs)``, or
+    ``OMP_NUM_THREADS`` where the environment sets it (and ``cores`` is not given)."""
+    if cores is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        cores = cores or os.cpu_count() or 1
+    return max(1, cores // max(1, jobs))
+
+
+def plan(spec: SweepSpec, out: SweepDir) -> list[Cell]:
+    """The cells of ``spec``, validated, and checked against the runs ``out`` holds.
+
+    Raises ConfigError (before anything runs) for a bad option in any cell, or a run
+    directory of the same name holding a run of other settings.
+    """
+    cells = expand(spec)
+    for cell in cells:
+        out.check_matches(cell, cell.config().to_dict())
+    return cells
+
+
+def run_sweep(
+    spec: SweepSpec,
+    out: str | Path,
+    *,
+    jobs: int = 1,
+    progress: bool = True,
+    keep_checkpoints: bool = False,
+) -> SweepResult:
+    """Run every cell of ``spec`` into the results directory ``out`` (see the module doc).
+
+    A finished run's ``checkpoint.pt`` is deleted unless ``keep_checkpoints``."""
+    sweep = SweepDir(out)
+    cells = plan(spec, sweep)
+    sweep.acquire()
+    result = SweepResult()
+    try:
+        _Runner(spec, sweep, cells, jobs, progress, result, keep_checkpoints).run()
+    finally:
+        sweep.release()
+    return result
+
+
+class _Runner:
+    """The scheduling loop of one sweep invocation."""
+
+    def __init__(
+        self,
+        spec: SweepSpec,
+        sweep: SweepDir,
+        cells: list[Cell],
+        jobs: int,
+        progress: bool,
+        result: SweepResult,
+        keep_checkpoints: bool = False,
+    ):
+        self.spec, self.sweep, self.cells, self.result = spec, sweep, cells, result
+        self.keep_checkpoints = keep_checkpoints
+        self.jobs = max(1, jobs)
+        self.threads = threads_per_job(self.jobs)
+        self.running: dict[str, _Job] = {}
+        self.bar = (
+            tqdm(total=len(cells), desc="sweep", unit="run", file=sys.stderr, dynamic_ncols=True)
+            if progress
+            else None
+        )
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self) -> None:
+        self.sweep.log(
+            f"sweep of {len(self.cells)} runs, {self.jobs} at a time, "
+            f"{self.threads} torch thread(s) each"
+        )
+        pending: list[Cell] = []
+        for cell in self.cells:
+            if self.sweep.state(cell) == FINISHED:
+                self.result.status[cell.name] = "skipped"
+                self.sweep.log(f"skip {cell.name} (finished before)")
+            else:
+                self.result.status[cell.name] = "pending"
+                pending.append(cell)
+        self._record()
+        previous = signal.signal(signal.SIGTERM, _raise_stop)
+        try:
+            while pending or self.running:
+                while pending and len(self.running) < self.jobs:
+                    self._start(pending.pop(0))
+                self._reap()
+                self._show()
+                if self.running:
+                    time.sleep(POLL_SECONDS)
+        except (KeyboardInterrupt, _Stop):
+            self._stop_all()
+            raise KeyboardInterrupt from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            if self.bar is not None:
+                self.bar.close()
+        self.sweep.log(
+            f"sweep done: {self.result.count('finished')} finished, "
+            f"{self.result.count('diverged')} diverged, {self.result.count('skipped')} skipped, "
+            f"{len(self.result.failed)} failed"
+        )
+
+    def _start(self, cell: Cell) -> None:
+        state = self.sweep.state(cell)
+        run = self.sweep.run_dir(cell)
+        if state == RESUMABLE:
+            args = ["train", "--resume", str(run.path), "--quiet"]
+            mode = "resume from checkpoint"
+        else:
+            if state == RESTART:
+                shutil.rmtree(run.path)  # an interrupted run without a checkpoint
+            cell_file = self.sweep.cell_file(cell)
+            write_text_atomic(cell_file, _json(cell.config().to_dict()))
+            args = ["train", "--config", str(cell_file), "--out", str(run.path), "--quiet"]
+            mode = "restart" if state == RESTART else "start"
+        self.sweep.logs.mkdir(parents=True, exist_ok=True)
+        output = self.sweep.output_file(cell).open("ab")
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(self.threads),
+            "MKL_NUM_THREADS": str(self.threads),
+        }
+        process = subprocess.Popen(
+            [sys.executable, "-m", "dana.cli", *args],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+        self.running[cell.name] = _Job(cell, process, output, time.monotonic(), mode)
+        self.result.status[cell.name] = "running"
+        self.sweep.log(f"{mode} {cell.name} (pid {process.pid})")
+        self._record()
+
+    def _reap(self) -> None:
+        for name, job in list(self.running.items()):
+            rc = job.process.poll()
+            if rc is None:
+                continue
+            job.output.close()
+            del self.running[name]
+            seconds = time.monotonic() - job.started
+            outcome = OUTCOMES.get(rc, f"exit {rc}")
+            if rc in (0, 3) and not self.sweep.run_dir(job.cell).finished():
+                outcome = "error"  # a success without a summary is no success
+            self.result.status[name] = outcome if outcome in ("finished", "diverged") else "failed"
+            if outcome in ("finished", "diverged") and not self.keep_checkpoints:
+                self.sweep.run_dir(job.cell).checkpoint.unlink(missing_ok=True)
+            message = f"{outcome} {name} (exit {rc}, {seconds:.1f} s)"
+            if self.result.status[name] == "failed":
+                message += f"; see {self.sweep.output_file(job.cell)}: {_tail(job.output.name)}"
+            self.sweep.log(message)
+            if self.bar is not None:
+                self.bar.write(f"dana sweep: {message}", file=sys.stderr)
+            self._record()
+
+    def _stop_all(self) -> None:
+        for job in self.running.values():
+            if job.process.poll() is None:
+                job.process.terminate()
+        for name, job in self.running.items():
+            try:
+                job.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                job.process.kill()
+                job.process.wait()
+            job.output.close()
+            self.result.status[name] = "interrupted"
+            self.sweep.log(f"interrupted {name}")
+        self.running.clear()
+        self.sweep.log("sweep interrupted; rerun the same command to continue")
+        self._record()
+
+    # -- reporting ----------------------------------------------------------------------
+    def _record(self) -> None:
+        self.sweep.write_spec(
+            {
+                "spec": self.spec.to_dict(),
+                "cells": [
+                    {
+                        "name": c.name,
+                        "algorithm": c.algorithm,
+                        "workers": c.workers,
+                        "seed": c.seed,
+                        "status": self.result.status.get(c.name, "pending"),
+                    }
+                    for c in self.cells
+                ],
+            }
+        )
+
+    def _show(self) -> None:
+        if self.bar is None:
+            return
+        done = sum(
+            1 for s in self.result.status.values() if s not in ("pending", "running", "interrupted")
+        )
+        partial = sum(_fraction_done(self.sweep, job.cell) for job in self.running.values())
+        self.bar.n = round(done + partial, 2)
+        self.bar.set_postfix(
+            running=len(self.running), failed=len(self.result.failed), refresh=False
+        )
+        self.bar.refresh()
+
+
+def _fraction_done(sweep: SweepDir, cell: Cell) -> float:
+    """How far a running cell is, from the last epoch in its metrics.csv (0 to 1)."""
+    metrics = sweep.run_dir(cell).metrics
+    try:
+        with metrics.open() as f:
+            last = f.read().rstrip("\n").rsplit("\n", 1)[-1]
+        epoch = float(last.split(",", 1)[0])
+    except (OSError, ValueError):
+        return 0.0
+    return min(0.99, max(0.0, epoch / float(cell.options.get("epochs", TrainConfig.epochs))))
+
+
+def _tail(path: str, lines: int = 1) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])[-300:]
+
+
+def _json(values: dict[str, Any]) -> str:
+    return json.dumps(values, indent=2) + "\n"
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise _Stop
+
+
+def _die_with_parent() -> None:
+    """In the child (Linux): get SIGTERM when the sweep dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass

@@ -1,0 +1,150 @@
+"""Markdown tables of a results directory: final error, gap, time to target, speed-up.
+
+Rows are algorithms (with the one-worker baseline on a row of its own), columns worker
+counts. A cell of the error table is the mean ± sample standard deviation (n - 1) over
+the seeds that finished without diverging, in percent. The divergence rule: ``diverged``
+when every seed diverged; when only some did, the others' mean ± spread followed by
+``(d/n diverged)``. ``failed`` when every run failed, ``pending`` when runs are still
+missing a result, ``n=...`` when fewer seeds have a result than the sweep's seeds, ``—``
+when there is no run (not in the grid, or not started yet in a partial sweep).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dana.experiments.results import Group, Results
+from dana.experiments.targets import group_time, speedup
+
+#: The rule of the error table, as the report states it.
+ERROR_RULE = (
+    "Each cell: mean ± sample standard deviation (n - 1) over the seeds that finished "
+    "without diverging. A cell reads `diverged` when every seed diverged (the loss became "
+    "NaN or infinite); when only some did, it gives the others' mean ± spread and "
+    "`(d/n diverged)`. `n=...`: fewer seeds have a result than the sweep has seeds. "
+    "`pending`: runs started, no result yet; `—`: no run (not in the grid, or not "
+    "started yet)."
+)
+
+#: What each algorithm is with one worker (ALGORITHMS.md), to name the baseline.
+ONE_WORKER_NAMES = {
+    "dana-slim": "Nesterov SGD",
+    "dana-zero": "Nesterov SGD",
+    "nag-asgd": "Nesterov SGD (Sutskever form)",
+    "multi-asgd": "momentum SGD",
+    "ssgd": "momentum SGD",
+    "asgd": "plain SGD",
+}
+
+
+def baseline_label(results: Results) -> str:
+    base = results.baseline()
+    if base is None:
+        return "baseline"
+    name = ONE_WORKER_NAMES.get(base.row.split(" ", 1)[0])
+    return f"baseline k=1: {base.row}" + (f" = {name}" if name else "")
+
+
+def error_cell(group: Group | None, seeds: int) -> str:
+    """One cell of the error table (see the module doc for the rule)."""
+    if group is None:
+        return "—"
+    errors = 100 * group.errors()
+    n, diverged = len(group.runs), group.diverged
+    if len(errors) == 0:
+        if diverged:
+            return "diverged" if diverged == n else f"diverged ({diverged}/{n})"
+        return "failed" if group.failed == n and n else "pending"
+    text = f"{errors.mean():.2f}" + (f" ± {errors.std(ddof=1):.2f}" if len(errors) > 1 else "")
+    notes = []
+    if diverged:
+        notes.append(f"{diverged}/{n} diverged")
+    if group.failed:
+        notes.append(f"{group.failed}/{n} failed")
+    if len(group.results) < seeds:
+        notes.append(f"n={len(group.results)}")
+    return text + (f" ({', '.join(notes)})" if notes else "")
+
+
+def gap_cell(group: Group | None, seeds: int) -> str:
+    """Mean gap RMS(theta - p_i) over the pushes of a run, mean over seeds."""
+    if group is None:
+        return "—"
+    gaps = group.gaps()
+    if len(gaps) == 0:
+        return "pending" if not group.results else "—"
+    text = f"{gaps.mean():.3g}"
+    if group.diverged:
+        text += f" ({group.diverged}/{len(group.runs)} diverged)"
+    return text
+
+
+def markdown_table(
+    results: Results, cell: Callable[[Group | None, int], str], corner: str = "algorithm"
+) -> str:
+    """A table with the baseline's row first, then one row per algorithm."""
+    workers = results.workers
+    seeds = len(results.seeds())
+    base = results.baseline()
+    lines = [
+        "| " + " | ".join([corner] + [f"k={k}" for k in workers]) + " |",
+        "|" + "---|" * (len(workers) + 1),
+    ]
+    if base is not None:
+        cells = [cell(base, seeds) if k == 1 else "" for k in workers]
+        lines.append("| " + " | ".join([baseline_label(results)] + cells) + " |")
+    for row in results.rows:
+        groups = [results.group(row, k) for k in workers]
+        if all(g is None or g is base for g in groups):
+            continue
+        cells = [
+            "" if g is base else cell(g, seeds) if g is not None or k > 1 else ""
+            for g, k in zip(groups, workers)
+        ]
+        lines.append("| " + " | ".join([row] + cells) + " |")
+    return "\n".join(lines)
+
+
+def error_table(results: Results) -> str:
+    """Final test error (%) per algorithm and worker count."""
+    return markdown_table(results, error_cell)
+
+
+def gap_table(results: Results) -> str:
+    """Mean gap per algorithm and worker count."""
+    return markdown_table(results, gap_cell)
+
+
+def time_table(results: Results, target: float) -> str:
+    """Simulated time to ``target`` error and the speed-up over ssgd at the same k."""
+
+    def cell(group: Group | None, seeds: int) -> str:
+        if group is None:
+            return "—"
+        time, reached, n = group_time(group, target)
+        if n == 0:
+            return "pending"
+        if time is None:
+            return f"not reached ({reached}/{n})"
+        ssgd = results.group(_with_algorithm(group.row, "ssgd"), group.workers)
+        up = speedup(group_time(ssgd, target)[0], time) if ssgd is not None else None
+        return f"{time:.4g}" + (f" ({up:.2f}×)" if up is not None and ssgd is not group else "")
+
+    return markdown_table(results, cell)
+
+
+def _with_algorithm(row: str, algorithm: str) -> str:
+    """The row label of ``algorithm`` with the same other settings as ``row``."""
+    head, sep, rest = row.partition(" ")
+    return algorithm + sep + rest
+
+
+def speedups(results: Results, target: float) -> dict[str, dict[int, float]]:
+    """Speed-up over ssgd per row and worker count, where both reached the target."""
+    out: dict[str, dict[int, float]] = {}
+    for (row, k), group in results.groups.items():
+        ssgd = results.group(_with_algorithm(row, "ssgd"), k)
+        up = speedup(group_time(ssgd, target)[0], group_time(group, target)[0])
+        if up is not None:
+            out.setdefault(row, {})[k] = up
+    return out

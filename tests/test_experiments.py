@@ -1,0 +1,307 @@
+"""Sweeps and reports: grid expansion, time to target, presets, and `dana sweep` /
+`dana report` run as real subprocesses on tiny synthetic problems."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dana.cli import build_parser
+from dana.errors import ConfigError
+from dana.experiments.cli import sweep_spec
+from dana.experiments.grid import SweepSpec, cell_name, expand
+from dana.experiments.presets import load_preset, preset_names
+from dana.experiments.report import build_report
+from dana.experiments.results import load_results
+from dana.experiments.sweep import threads_per_job
+from dana.experiments.table import error_cell
+from dana.experiments.targets import time_to_target
+from dana.train.runner import train
+
+# One thread per run: tiny models gain nothing from more, and on a shared machine OpenMP's
+# waits make each step many times slower. The sweep passes it on to its runs.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# A run of a few pushes: the cost of a cell is the interpreter's start-up.
+TINY = [
+    "--dataset", "synthetic", "--model", "linear", "--train-size", "256",
+    "--test-size", "64", "--batch-size", "32", "--epochs", "0.5", "--eval-every", "0.25",
+    "--warmup-epochs", "0.25",
+]  # fmt: skip
+
+
+def dana(*args: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``python -m dana.cli ARGS`` and return the finished process."""
+    result = subprocess.run(
+        [sys.executable, "-m", "dana.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+        **kwargs,
+    )
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def summaries(out: Path) -> dict[str, float]:
+    """mtime of each run's summary.json, by run name."""
+    return {p.parent.name: p.stat().st_mtime_ns for p in out.glob("runs/*/summary.json")}
+
+
+# -- grid -------------------------------------------------------------------------------
+def test_grid_expansion_orders_cells_and_runs_only_the_baseline_at_one_worker():
+    spec = SweepSpec(
+        fixed={"epochs": 2.0},
+        grid={"algorithm": ["ssgd", "nag-asgd"], "workers": [1, 4, 16], "seed": [0, 1]},
+    )
+    cells = expand(spec)
+    assert [c.name for c in cells[:5]] == [
+        "dana-slim_k1_s0",
+        "ssgd_k4_s0",
+        "nag-asgd_k4_s0",
+        "ssgd_k16_s0",
+        "nag-asgd_k16_s0",
+    ]
+    assert len(cells) == 2 * (1 + 2 * 2)
+    assert all(c.options["epochs"] == 2.0 for c in cells)
+    assert {(c.algorithm, c.workers) for c in cells if c.workers == 1} == {("dana-slim", 1)}
+    every = expand(SweepSpec(grid=dict(spec.grid), baseline="all"))
+    assert {c.algorithm for c in every if c.workers == 1} == {"ssgd", "nag-asgd"}
+
+
+def test_grid_extra_axes_name_the_cells_and_fixed_options_override_axes():
+    spec = SweepSpec.from_dict(
+        {"grid": {"algorithms": ["dana-slim"], "workers": [8], "lr": [0.05, 0.1]}, "epochs": 1}
+    )
+    assert [c.name for c in expand(spec)] == ["dana-slim_k8_s0_lr0.05", "dana-slim_k8_s0_lr0.1"]
+    # a value on the command line replaces the preset's list, and a list replaces a value
+    spec = spec.override({"lr": 0.2}, {"seed": [3, 4]})
+    assert "lr" not in spec.grid and spec.fixed["lr"] == 0.2
+    assert [c.name for c in expand(spec)] == ["dana-slim_k8_s3", "dana-slim_k8_s4"]
+    assert (
+        cell_name(
+            {"algorithm": "a", "workers": 2, "seed": 0, "lr_decay_epochs": [80, 120.0]},
+            ["lr_decay_epochs"],
+        )
+        == "a_k2_s0_lr-decay-epochs80-120"
+    )
+
+
+def test_grid_rejects_unknown_options_and_bad_values():
+    with pytest.raises(ConfigError, match="unknown grid option"):
+        SweepSpec.from_dict({"grid": {"learning_rate": [0.1]}})
+    with pytest.raises(ConfigError, match="unknown option"):
+        SweepSpec.from_dict({"epoch": 3})
+    with pytest.raises(ConfigError, match="repeats"):
+        SweepSpec.from_dict({"grid": {"workers": [4, 4]}})
+    cells = expand(SweepSpec(grid={"algorithm": ["no-such-algorithm"], "workers": [2]}))
+    with pytest.raises(ConfigError, match="no-such-algorithm"):
+        cells[0].config()
+
+
+def test_each_job_gets_its_share_of_the_cores():
+    assert [threads_per_job(jobs, cores=2) for jobs in (1, 2, 4)] == [2, 1, 1]
+    assert threads_per_job(3, cores=16) == 5
+
+
+# -- time to target -----------------------------------------------------------------------
+def test_time_to_target_interpolates_between_evaluations():
+    rows = [
+        {"sim_time": 0.0, "test_error": 0.9},
+        {"sim_time": 100.0, "test_error": 0.5},
+        {"sim_time": 300.0, "test_error": 0.1},
+        {"sim_time": 400.0, "test_error": 0.2},
+    ]
+    assert time_to_target(rows, 0.5) == 100.0  # exactly at an evaluation
+    assert time_to_target(rows, 0.3) == pytest.approx(200.0)  # half-way from 0.5 to 0.1
+    assert time_to_target(rows, 0.95) == 0.0  # the first row is below it
+    assert time_to_target(rows, 0.05) is None  # never reached
+    diverged = rows[:2] + [{"sim_time": 200.0, "test_error": float("nan")}] + rows[2:]
+    assert time_to_target(diverged, 0.3) is None  # a diverged run never reaches it
+
+
+# -- presets ------------------------------------------------------------------------------
+def test_presets_expand_into_valid_runs_following_the_paper_protocol():
+    assert {"paper-cifar10-resnet20", "fashion-quick", "fashion-full"} <= set(preset_names())
+    for name in preset_names():
+        spec = load_preset(name)
+        cells = expand(spec)
+        assert spec.description, name
+        for cell in cells:
+            config = cell.config()
+            assert config.weight_decay == 1e-4 and config.momentum == 0.9, cell.name
+            assert config.warmup_epochs > 0 and config.model in ("resnet20", "cnn"), cell.name
+        # the one-worker hyper-parameters are reused unchanged for every k
+        varying = {k for c in cells for k, v in c.options.items() if v != cells[0].options[k]}
+        assert varying <= {"algorithm", "workers", "seed"}, (name, varying)
+    full = expand(load_preset("fashion-full"))
+    assert {1, 4, 8, 16, 32, 64} <= {c.workers for c in full}
+    assert len({c.seed for c in full}) >= 2
+    assert {
+        "ssgd",
+        "asgd",
+        "nag-asgd",
+        "multi-asgd",
+        "dc-asgd",
+        "dana-zero",
+        "dana-slim",
+        "dana-dc",
+        "gap-aware",
+    } <= {c.algorithm for c in full}
+    paper = load_preset("paper-cifar10-resnet20").fixed
+    assert (paper["epochs"], paper["lr_decay_epochs"], paper["warmup_epochs"]) == (
+        160,
+        [80, 120],
+        5,
+    )
+
+
+# -- the report on hand-made runs ---------------------------------------------------------
+def _fake_run(root: Path, name: str, algorithm: str, k: int, seed: int, errors, diverged=False):
+    run = root / "runs" / name
+    run.mkdir(parents=True)
+    config = {"algorithm": algorithm, "workers": k, "seed": seed, "dataset": "synthetic"}
+    (run / "config.json").write_text(json.dumps(config))
+    lines = [
+        "epoch,updates,sim_time,wall_seconds,lr,train_loss,test_loss,test_error,mean_gap,"
+        "mean_staleness"
+    ]
+    for i, e in enumerate(errors):
+        lines.append(f"{i},{10 * i},{100.0 * i / k},0,0.1,1,1,{e},0.01,{k - 1}")
+    (run / "metrics.csv").write_text("\n".join(lines) + "\n")
+    summary = {
+        "final_test_error": None if diverged else errors[-1],
+        "diverged": diverged,
+        "mean_gap": 0.01 * k,
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def test_report_states_divergence_by_rule_and_speedup_over_ssgd(tmp_path):
+    _fake_run(tmp_path, "base0", "dana-slim", 1, 0, [0.9, 0.3, 0.2])
+    _fake_run(tmp_path, "base1", "dana-slim", 1, 1, [0.9, 0.3, 0.2])
+    _fake_run(tmp_path, "s0", "ssgd", 4, 0, [0.9, 0.5, 0.2])
+    _fake_run(tmp_path, "d0", "dana-slim", 4, 0, [0.9, 0.2, 0.1])
+    _fake_run(tmp_path, "n0", "nag-asgd", 4, 0, [0.9, float("nan")], diverged=True)
+    _fake_run(tmp_path, "n1", "nag-asgd", 4, 1, [0.9, float("nan")], diverged=True)
+    _fake_run(tmp_path, "m0", "multi-asgd", 4, 0, [0.9, 0.5, 0.4])
+    _fake_run(tmp_path, "m1", "multi-asgd", 4, 1, [0.9, float("nan")], diverged=True)
+    results = load_results(tmp_path)
+    assert error_cell(results.group("nag-asgd", 4), 2) == "diverged"
+    assert error_cell(results.group("multi-asgd", 4), 2) == "40.00 (1/2 diverged)"
+    assert error_cell(results.group("dana-slim", 1), 2) == "20.00 ± 0.00"
+    report = build_report(tmp_path, target=None)
+    assert report.target == pytest.approx(0.2)  # the baseline's final error
+    # at k=4, ssgd reaches 20% at its last row (sim_time 50), dana-slim at its second (25)
+    assert "| 25 (2.00×) |" in report.markdown
+    assert "| not reached (0/2) |" in report.markdown  # nag-asgd: both seeds diverged
+    assert all(f.is_file() for f in report.files)
+
+
+# -- dana sweep and dana report as commands -----------------------------------------------
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> Path:
+    """A finished sweep: two algorithms at k = 2 and 4, plus the one-worker baseline."""
+    out = tmp_path_factory.mktemp("sweep") / "results"
+    dana("sweep", *TINY, "--algorithms", "ssgd,dana-slim", "--workers", "1,2,4",
+         "--out", str(out), "--jobs", "2", "--quiet")  # fmt: skip
+    return out
+
+
+def test_sweep_runs_every_cell_and_report_tabulates_and_plots_them(swept):
+    names = {"dana-slim_k1_s0", "ssgd_k2_s0", "dana-slim_k2_s0", "ssgd_k4_s0", "dana-slim_k4_s0"}
+    assert set(summaries(swept)) == names
+    record = json.loads((swept / "sweep.json").read_text())
+    assert {c["name"]: c["status"] for c in record["cells"]} == dict.fromkeys(names, "finished")
+    copy = swept.parent / "copy"
+    result = dana("report", str(swept), "--export", str(copy))
+    table = [line for line in result.stdout.splitlines() if line.startswith("|")]
+    # the copy holds the runs' small files only, and reports the same table
+    assert {p.name for p in copy.glob("runs/*/*")} == {"config.json", "metrics.csv", "summary.json"}
+    assert "\n".join(table) == build_report(swept).error_table
+    assert table[0].split("|")[2:5] == [" k=1 ", " k=2 ", " k=4 "]
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in table[2:]}
+    assert rows["ssgd"][1].strip() and rows["ssgd"][2].strip()
+    assert rows["dana-slim"][1].strip() and rows["dana-slim"][2].strip()
+    assert any(r.startswith("baseline k=1: dana-slim") and v[0].strip() for r, v in rows.items())
+    import matplotlib.image
+
+    pngs = ["error_curves", "error_vs_workers", "gap_vs_workers", "speedup_vs_workers"]
+    for name in pngs:
+        path = copy / f"{name}.png"
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
+        assert matplotlib.image.imread(path).shape[0] > 100
+        assert f"({name}.png)" in (copy / "report.md").read_text()
+
+
+def test_rerunning_a_sweep_skips_finished_runs(swept):
+    before = summaries(swept)
+    result = dana("sweep", *TINY, "--algorithms", "ssgd,dana-slim", "--workers", "1,2,4",
+                  "--out", str(swept), "--quiet")  # fmt: skip
+    assert summaries(swept) == before
+    assert "5 skipped" in result.stdout
+    assert (swept / "sweep.log").read_text().count("skip ") == 5
+
+
+def test_a_sweep_refuses_a_directory_holding_runs_of_other_settings(swept):
+    result = dana("sweep", *TINY, "--epochs", "0.75", "--algorithms", "ssgd", "--workers", "2",
+                  "--out", str(swept), "--quiet", check=False)  # fmt: skip
+    assert result.returncode == 2 and "other settings" in result.stderr
+
+
+def test_a_failing_run_does_not_stop_the_others(tmp_path):
+    out = tmp_path / "results"
+    result = dana("sweep", *TINY, "--algorithms", "asgd", "--workers", "2",
+                  "--grid", "batch_size=4096,32", "--out", str(out), "--quiet",
+                  "--report", check=False)  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    record = {c["name"]: c["status"] for c in json.loads((out / "sweep.json").read_text())["cells"]}
+    assert record == {"asgd_k2_s0_batch-size4096": "failed", "asgd_k2_s0_batch-size32": "finished"}
+    assert "batch-size" in (out / "logs" / "asgd_k2_s0_batch-size4096.log").read_text()
+    assert "| asgd (batch_size=4096) | failed |" in result.stdout
+
+
+def test_a_killed_sweep_resumes_and_a_checkpointed_run_continues(tmp_path):
+    out = tmp_path / "results"
+    args = ["sweep", *TINY, "--algorithms", "dana-slim", "--workers", "2", "--seeds", "0,1,2",
+            "--checkpoint-every", "0.25", "--out", str(out), "--quiet"]  # fmt: skip
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "dana.cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=ENV,
+    )
+    log = out / "sweep.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "finished " not in (
+        log.read_text() if log.is_file() else ""
+    ):
+        time.sleep(0.1)
+    os.kill(sweep.pid, signal.SIGKILL)  # no chance to clean up: the runs die with it
+    sweep.wait()
+    assert 1 <= len(summaries(out)) < 3
+    # a run that stopped after a checkpoint (here: finished, its summary then removed)
+    # continues from that checkpoint
+    cell = next(
+        c
+        for c in expand(sweep_spec(build_parser().parse_args(args)))
+        if c.name == "dana-slim_k2_s2"
+    )
+    shutil.rmtree(out / "runs" / cell.name, ignore_errors=True)
+    train(cell.config(), out / "runs" / cell.name, progress=False)
+    (out / "runs" / cell.name / "summary.json").unlink()
+    dana(*args)
+    assert len(summaries(out)) == 3
+    text = log.read_text()
+    assert "resume from checkpoint dana-slim_k2_s2" in text
+    assert "skip " in text
