@@ -97,6 +97,26 @@ def test_grid_extra_axes_name_the_cells_and_fixed_options_override_axes():
     )
 
 
+def test_a_sweep_file_is_overridden_by_the_command_line(tmp_path):
+    spec_file = tmp_path / "sweep.yaml"
+    spec_file.write_text(
+        "grid:\n  algorithms: [ssgd, dana-slim]\n  workers: [1, 8]\n  lr: [0.01, 0.02]\n"
+        "epochs: 2\nbatch-size: 64\nbaseline: nag-asgd\n"
+    )
+    args = ["sweep", "--config", str(spec_file), "--seeds", "0,1", "--lr", "0.05", "--epochs", "4"]
+    spec = sweep_spec(build_parser().parse_args(args))
+    cells = expand(spec)
+    assert {c.options["epochs"] for c in cells} == {4.0}  # the command line wins
+    assert {c.options["lr"] for c in cells} == {0.05}  # a value replaces the file's list
+    assert {c.options["batch_size"] for c in cells} == {64}
+    assert [c.name for c in cells if c.seed == 0] == [
+        "nag-asgd_k1_s0",
+        "ssgd_k8_s0",
+        "dana-slim_k8_s0",
+    ]
+    assert len(cells) == 6
+
+
 def test_grid_rejects_unknown_options_and_bad_values():
     with pytest.raises(ConfigError, match="unknown grid option"):
         SweepSpec.from_dict({"grid": {"learning_rate": [0.1]}})

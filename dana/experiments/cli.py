@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from dana.cli import EXIT_ERROR, EXIT_OK, add_train_options, collect_options
+
+if TYPE_CHECKING:
+    from dana.experiments.grid import SweepSpec
 
 S = argparse.SUPPRESS
 
@@ -135,7 +138,7 @@ def add_sweep_parser(sub) -> None:
     p.set_defaults(func=cmd_sweep)
 
 
-def sweep_spec(args: argparse.Namespace):
+def sweep_spec(args: argparse.Namespace) -> SweepSpec:
     """The SweepSpec the arguments describe (preset < --config < --resume < command line)."""
     from dana.experiments.grid import SweepSpec
     from dana.experiments.layout import SweepDir
@@ -146,7 +149,7 @@ def sweep_spec(args: argparse.Namespace):
     if "config_file" in given:
         layer = load_spec_file(given["config_file"])
         spec = spec.override(layer.fixed, layer.grid)
-        spec.baseline = layer.baseline if layer.baseline else spec.baseline
+        spec.baseline = layer.baseline
         spec.description = layer.description or spec.description
     if args.resume:
         stored = SweepSpec.from_dict(SweepDir(args.resume).read_spec()["spec"], args.resume)

@@ -2,11 +2,12 @@
 
 Each cell runs ``python -m dana.cli train --config OUT/cells/NAME.json --out
 OUT/runs/NAME --quiet`` (or ``train --resume OUT/runs/NAME`` when it left a checkpoint),
-with ``OMP_NUM_THREADS = cores // jobs`` (or the value the environment already sets). Its output goes to ``OUT/logs/NAME.log``.
+with ``OMP_NUM_THREADS = cores // jobs`` (or the value the environment already sets).
+Its output goes to ``OUT/logs/NAME.log``.
 
-- A finished cell (``summary.json`` present) is skipped (its checkpoint, no longer
-  needed, is deleted unless ``keep_checkpoints``): rerunning a sweep only runs
+- A finished cell (``summary.json`` present) is skipped: rerunning a sweep only runs
   what is missing, and adding seeds or worker counts to a grid only runs the new cells.
+  A run that finishes has its checkpoint deleted, unless ``keep_checkpoints``.
 - An interrupted cell continues from its checkpoint, or restarts when it has none.
 - A cell that fails (exit 1 or 2) or diverges (exit 3) is recorded in ``sweep.log`` and
   ``sweep.json``; the others run on.
@@ -59,7 +60,6 @@ class _Job:
     process: subprocess.Popen
     output: IO[bytes]
     started: float
-    mode: str
 
 
 class _Stop(Exception):
@@ -200,7 +200,7 @@ class _Runner:
             env=env,
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
-        self.running[cell.name] = _Job(cell, process, output, time.monotonic(), mode)
+        self.running[cell.name] = _Job(cell, process, output, time.monotonic())
         self.result.status[cell.name] = "running"
         self.sweep.log(f"{mode} {cell.name} (pid {process.pid})")
         self._record()
