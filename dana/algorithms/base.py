@@ -100,6 +100,19 @@ class MasterRule:
         _load_state_dict(self, state)
 
 
+class RemembersPulls:
+    """Mixin for a master that keeps, in ``sent`` (``(k, d)``), the parameters it last
+    sent each worker (DC-ASGD's and Gap-Aware's ``p_i``). Put it before the master rule
+    whose pull it extends: ``class M(RemembersPulls, SomeMaster)``."""
+
+    sent: Tensor
+
+    def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
+        super().pull(worker, lr, out)  # type: ignore[misc]
+        self.sent[worker].copy_(out)
+        return out
+
+
 class WorkerRule:
     """The workers' side: turns a gradient into the message pushed to the master.
 

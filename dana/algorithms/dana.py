@@ -37,6 +37,7 @@ from torch import Tensor
 from dana.algorithms.base import (
     Algorithm,
     MasterRule,
+    RemembersPulls,
     WorkerRule,
     check_nonnegative,
 )
@@ -129,7 +130,7 @@ class DanaSlim(Algorithm):
         return {"momentum": self.momentum}
 
 
-class DanaDcMaster(DanaZeroMaster):
+class DanaDcMaster(RemembersPulls, DanaZeroMaster):
     state_keys = ("theta", "v", "S", "sent")
 
     def __init__(self, params: Tensor, workers: int, momentum: float, lc: float):
@@ -137,11 +138,6 @@ class DanaDcMaster(DanaZeroMaster):
         self.lc = lc
         self.sent = self.theta.new_zeros(workers, self.d)
         self._g = torch.empty_like(self.theta)
-
-    def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
-        super().pull(worker, lr, out)
-        self.sent[worker].copy_(out)
-        return out
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         compensated = delay_compensate(message, self.theta, self.sent[worker], self.lc, self._g)
@@ -167,17 +163,12 @@ class DanaDc(Algorithm):
         self.lc = check_nonnegative("lc", lc)
 
 
-class DanaGaMaster(DanaZeroMaster, GapPenalty):
+class DanaGaMaster(RemembersPulls, DanaZeroMaster, GapPenalty):
     state_keys = ("theta", "v", "S", "sent", "ema", "ema_steps", "lr_max")
 
     def __init__(self, params: Tensor, workers: int, momentum: float, ema_decay: float, eps: float):
         DanaZeroMaster.__init__(self, params, workers, momentum)
         GapPenalty.__init__(self, ema_decay, eps)
-
-    def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
-        super().pull(worker, lr, out)
-        self.sent[worker].copy_(out)
-        return out
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         super().push(worker, self.penalize(worker, message, lr), lr)

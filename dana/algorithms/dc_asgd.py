@@ -29,6 +29,7 @@ from torch import Tensor
 from dana.algorithms.base import (
     Algorithm,
     MasterRule,
+    RemembersPulls,
     check_momentum,
     check_nonnegative,
     check_positive,
@@ -36,7 +37,7 @@ from dana.algorithms.base import (
 from dana.algorithms.dana import delay_compensate
 
 
-class DcAsgdMaster(MasterRule):
+class DcAsgdMaster(RemembersPulls, MasterRule):
     state_keys = ("theta", "v", "sent", "ms")
 
     def __init__(
@@ -56,11 +57,6 @@ class DcAsgdMaster(MasterRule):
         self.ms = torch.zeros_like(self.theta) if adaptive else None
         self._g = torch.empty_like(self.theta)
         self._lc = torch.empty_like(self.theta) if adaptive else None
-
-    def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
-        out.copy_(self.theta)
-        self.sent[worker].copy_(out)
-        return out
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         lc: Tensor | float = self.lc

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from dana.algorithms.asgd import NagAsgdMaster
-from dana.algorithms.base import Algorithm, check_momentum, check_positive
+from dana.algorithms.base import Algorithm, RemembersPulls, check_momentum, check_positive
 
 
 class GapPenalty:
@@ -69,17 +69,12 @@ class GapPenalty:
         self.ema_steps += 1
 
 
-class GapAwareMaster(NagAsgdMaster, GapPenalty):
+class GapAwareMaster(RemembersPulls, NagAsgdMaster, GapPenalty):
     state_keys = ("theta", "v", "sent", "ema", "ema_steps", "lr_max")
 
     def __init__(self, params: Tensor, workers: int, momentum: float, ema_decay: float, eps: float):
         NagAsgdMaster.__init__(self, params, workers, momentum)
         GapPenalty.__init__(self, ema_decay, eps)
-
-    def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
-        super().pull(worker, lr, out)
-        self.sent[worker].copy_(out)
-        return out
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         g = self.penalize(worker, message, lr)
