@@ -373,6 +373,39 @@ def test_dana_zero_keeps_S_equal_to_the_sum_of_momenta(simulator):
     torch.testing.assert_close(slim.workers.S, slim.workers.v.sum(0), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dana_slim_message_by_blocks_is_the_rule_exactly(dtype):
+    """The message is computed a cache-sized block at a time; over several blocks (and a
+    ragged last one) it equals the rule's three whole-vector passes bit for bit."""
+    from dana.algorithms.base import BLOCK
+
+    k, d = 3, 2 * BLOCK + 17
+    g = torch.Generator().manual_seed(0)
+    workers = A.build("dana-slim", momentum=M).worker(k, d, dtype)
+    v = torch.zeros(k, d, dtype=dtype)
+    S = torch.zeros(d, dtype=dtype)
+    for i in (0, 2, 0, 1, 2):
+        grad = torch.randn(d, generator=g).to(dtype)
+        S_ref = S.add(v[i], alpha=M - 1).add_(grad)
+        v_ref = torch.add(grad, v[i], alpha=M)
+        u_ref = torch.add(grad, v_ref, alpha=M)
+        S, v[i] = S_ref, v_ref
+        u = workers.message(i, grad)
+        assert u is grad  # written over the gradient: no d-sized copy
+        assert torch.equal(u, u_ref)
+        assert torch.equal(workers.v, v) and torch.equal(workers.S, S)
+
+
+def test_dana_slim_worker_state_from_older_checkpoints_loads():
+    """Older checkpoints also saved the message buffer ``u``; it is ignored."""
+    workers = A.build("dana-slim", momentum=M).worker(2, 4)
+    workers.message(1, torch.ones(4))
+    state = {**workers.state_dict(), "u": torch.zeros(4)}
+    fresh = A.build("dana-slim", momentum=M).worker(2, 4)
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.v, workers.v) and torch.equal(fresh.S, workers.S)
+
+
 # --------------------------------------------------------------------------------------
 # Validation: ValueError that names the bad value
 

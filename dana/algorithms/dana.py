@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from dana.algorithms.base import (
+    BLOCK,
     Algorithm,
     MasterRule,
     RemembersPulls,
@@ -94,25 +95,40 @@ class DanaSlimWorkers(WorkerRule):
     current so that the master's true ``theta = Theta + lr*m*S`` can be measured.
     """
 
-    state_keys = ("v", "S", "u")
+    state_keys = ("v", "S")
 
     def __init__(self, workers: int, d: int, dtype: torch.dtype, momentum: float):
         super().__init__(workers, d, dtype)
         self.momentum = momentum
         self.v = torch.zeros(workers, d, dtype=dtype)
         self.S = torch.zeros(d, dtype=dtype) if workers > 1 else None
-        self.u = torch.zeros(d, dtype=dtype)  # message buffer, reused
 
     def message(self, worker: int, grad: Tensor) -> Tensor:
-        v, m = self.v[worker], self.momentum
-        if self.S is not None:
-            self.S.add_(v, alpha=m - 1.0).add_(grad)
-        torch.add(grad, v, alpha=m, out=v)
-        return torch.add(grad, v, alpha=m, out=self.u)
+        """``v_i = m*v_i + g``, then ``g + m*v_i``, written over ``grad``."""
+        m = self.momentum
+        # Block by block, so that each block of v_i, g (and S) is read from memory once
+        # for the three or four passes over it (element-wise: the same result).
+        v_blocks, g_blocks = self.v[worker].split(BLOCK), grad.split(BLOCK)
+        S_blocks = self.S.split(BLOCK) if self.S is not None else (None,) * len(v_blocks)
+        for v, g, S in zip(v_blocks, g_blocks, S_blocks):
+            if S is not None:
+                S.add_(v, alpha=m - 1.0).add_(g)
+            torch.add(g, v, alpha=m, out=v)
+            g.add_(v, alpha=m)
+        return grad
+
+    def load_state_dict(self, state: dict) -> None:
+        # Older checkpoints also hold the message buffer "u", which is not state.
+        super().load_state_dict({k: v for k, v in state.items() if k != "u"})
 
     def theta_offset(self, lr: float) -> Tensor:
-        S = self.S if self.S is not None else self.v[0]
-        return S * (lr * self.momentum)
+        return self._sum() * (lr * self.momentum)
+
+    def true_params(self, stored: Tensor, lr: float, out: Tensor) -> Tensor:
+        return torch.add(stored, self._sum(), alpha=lr * self.momentum, out=out)
+
+    def _sum(self) -> Tensor:
+        return self.S if self.S is not None else self.v[0]
 
 
 class DanaSlim(Algorithm):

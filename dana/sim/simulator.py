@@ -352,12 +352,10 @@ class Simulator:
 
     def _gap(self, i: int, lr: float) -> float:
         """``RMS(theta_now - p_i)`` against the master's true parameters."""
-        theta = self.master.gap_reference()
-        offset = self.workers.theta_offset(lr)
-        if offset is not None:
-            theta = torch.add(theta, offset, out=self._diff)
-        # torch.dist reads both vectors once and writes nothing: no O(d) temporary.
-        return torch.dist(theta, self.sent[i]).item() / math.sqrt(theta.numel())
+        theta = self.workers.true_params(self.master.gap_reference(), lr, out=self._diff)
+        # An in-place difference and a dot product: on the CPU torch.dist takes twice as long.
+        diff = torch.sub(theta, self.sent[i], out=self._diff)
+        return math.sqrt(diff.dot(diff).item() / diff.numel())
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this run exactly (tensors and plain values)."""

@@ -1,9 +1,12 @@
-"""A model whose parameters are views into one flat buffer.
+"""A model whose parameters are views into a flat vector.
 
-Loading a worker's parameters is one copy into :attr:`FlatModel.flat`, and the gradient
-lands in one flat buffer :attr:`FlatModel.grad`: the master and worker rules only ever
-see flat vectors. Buffers (BatchNorm running statistics) stay in the module and are
-shared by every forward pass.
+The module's parameters are views into whichever flat vector it computes at: computing
+a gradient at a worker's pulled parameters re-points them at that vector (no copy of
+``d`` values), and the gradient lands in one flat buffer :attr:`FlatModel.grad`: the
+master and worker rules only ever see flat vectors. :meth:`FlatModel.load` copies into
+the model's own buffer :attr:`FlatModel.flat` and points the module back at it, so the
+module then holds those parameters for good. Buffers (BatchNorm running statistics)
+stay in the module and are shared by every forward pass.
 
     >>> import torch
     >>> net = FlatModel(torch.nn.Linear(3, 2))
@@ -31,18 +34,18 @@ class FlatModel:
         self.module = module
         self.flat = torch.cat([p.detach().reshape(-1) for p in params])
         self.grad = torch.zeros_like(self.flat)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.data = self.flat[offset : offset + n].view_as(p)
-            p.grad = self.grad[offset : offset + n].view_as(p)
-            offset += n
+        self._params = params
+        self._sizes = [p.numel() for p in params]
+        self._at: Tensor | None = None  # the vector the module's parameters view
+        self._point_at(self.flat)
 
     @property
     def d(self) -> int:
         return self.flat.numel()
 
     def load(self, params: Tensor) -> None:
+        """Copy ``params`` into the model's own buffer; the module holds them from now on."""
+        self._point_at(self.flat)
         self.flat.copy_(params)
 
     def gradient(
@@ -50,13 +53,21 @@ class FlatModel:
     ) -> tuple[Tensor, float]:
         """The gradient of ``loss_fn(model(x), y)`` at ``params``, and the loss.
 
-        The returned tensor is this model's gradient buffer: use it before the next call.
+        The module computes at ``params`` itself (its parameters become views of it;
+        leave ``params`` unchanged until this returns). The returned tensor is this
+        model's gradient buffer: use it before the next call.
         """
-        self.flat.copy_(params)
-        self.module.train()
-        self.grad.zero_()
+        self._point_at(params)
+        if not self.module.training:  # train() walks every submodule: skip it when it can
+            self.module.train()
+        for p in self._params:
+            p.grad = None  # backward then stores fresh gradients instead of adding
         loss = loss_fn(self.module(x), y)
         loss.backward()
+        grads = [p.grad for p in self._params]
+        if any(g is None for g in grads):  # a parameter the loss does not depend on
+            grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self._params, grads)]
+        torch.cat([g.reshape(-1) for g in grads], out=self.grad)
         return self.grad, loss.item()
 
     @torch.no_grad()
@@ -64,7 +75,7 @@ class FlatModel:
         self, params: Tensor, x: Tensor, y: Tensor, loss_fn: LossFn, batch_size: int = 1000
     ) -> tuple[float, float]:
         """Mean loss and error rate (fraction misclassified) of ``params`` on ``(x, y)``."""
-        self.flat.copy_(params)
+        self._point_at(params)
         self.module.eval()
         total_loss, wrong = 0.0, 0
         for start in range(0, len(x), batch_size):
@@ -73,6 +84,24 @@ class FlatModel:
             total_loss += loss_fn(out, target).item() * len(target)
             wrong += (out.argmax(1) != target).sum().item()
         return total_loss / len(x), wrong / len(x)
+
+    def _point_at(self, params: Tensor) -> None:
+        """Make the module's parameters views of ``params`` (a copy into :attr:`flat`
+        when ``params`` is not a contiguous vector of the model's size, dtype, device)."""
+        if params is self._at:
+            return
+        flat = self.flat
+        if not (
+            params.shape == flat.shape
+            and params.dtype == flat.dtype
+            and params.device == flat.device
+            and params.is_contiguous()
+        ):
+            flat.copy_(params)
+            params = flat
+        for p, view in zip(self._params, torch.split(params.detach(), self._sizes)):
+            p.data = view.view_as(p)
+        self._at = params
 
     def buffers_state(self) -> dict[str, Tensor]:
         return {k: v.clone() for k, v in self.module.named_buffers()}
