@@ -125,6 +125,9 @@ class WorkerRule:
     """
 
     state_keys: ClassVar[tuple[str, ...]] = ()
+    #: True when :meth:`message` may return ``None`` (a local step): a runner then learns
+    #: whether a computation is pushed only by making its message.
+    local_steps: ClassVar[bool] = False
 
     def __init__(self, workers: int, d: int, dtype: torch.dtype = torch.float32):
         self.workers = check_workers(workers)

@@ -79,6 +79,7 @@ class ElasticWorkers(WorkerRule):
     """Workers with their own parameters (look-ahead form with momentum), local steps."""
 
     state_keys = ("x", "v", "t")
+    local_steps = True
 
     def __init__(
         self, workers: int, d: int, dtype: torch.dtype, tau: int, alpha: float, momentum: float

@@ -32,8 +32,13 @@ pushed first). Two gates keep it:
 After each applied push, held pushes are retried in the order they were held, then idle
 workers start in the order they began to wait. Waiting takes simulated time: a worker
 held or idle resumes at the time of the push that frees it; ``wait_time`` sums these
-waits over workers and ``waits`` counts them. A held worker's gradient and message are
-computed when it finishes; its staleness and gap are logged when its push is applied.
+waits over workers and ``waits`` counts them. A held worker's gradient is computed when
+it finishes; its message (which may update the worker's own state, as ``dana-slim``'s
+momentum) is made when its push is applied, as a master that keeps the momenta
+(``dana-zero``) updates them then, so that the rebuilt ``theta`` of ``dana-slim`` never
+counts a push the master has not applied. A rule that takes local steps makes its
+message when the worker finishes (the message says whether it pushes at all). Staleness
+and gap are logged when the push is applied.
 Every push counts as an update in the gates (exact for every asynchronous rule). With
 ``s = 0`` one worker computes at a time; a synchronous algorithm (``ssgd``) runs in
 rounds whose staleness is 0 (its barrier is the ``s = 0`` of an averaging master) and
@@ -168,7 +173,8 @@ class Simulator:
         self.max_staleness = max_staleness
         self.bounded = max_staleness is not None and not self.synchronous
         self.inflight: list[int] = []  # bounded: pulled, not yet pushed, oldest pull first
-        self.held: list[tuple[int, Tensor, float, float]] = []  # (worker, message, loss, since)
+        # (worker, gradient or message, loss, since, whether it is the message)
+        self.held: list[tuple[int, Tensor, float, float, bool]] = []
         self.idle: list[tuple[int, float]] = []  # (worker, since): waiting to start
         self.wait_time = 0.0  # simulated time workers spent waiting for the bound
         self.waits = 0
@@ -274,10 +280,11 @@ class Simulator:
         if self._may_push(i):
             pushed = self._push(i)
         else:
-            message, loss = self._compute(i)
-            pushed = message is not None
+            held = self._compute(i)
+            pushed = held is not None
             if pushed:
-                self.held.append((i, message.clone(), loss, finish))
+                tensor, loss, is_message = held
+                self.held.append((i, tensor, loss, finish, is_message))
                 return
         if not pushed:  # a local step: compute again, without pulling
             self.batch[i] = self.batches.next()
@@ -301,11 +308,11 @@ class Simulator:
         released = True
         while released:
             released = False
-            for n, (i, message, loss, since) in enumerate(self.held):
+            for n, (i, held, loss, since, is_message) in enumerate(self.held):
                 if self._may_push(i):
                     del self.held[n]
                     self._waited(since)
-                    self._apply(i, message, loss)
+                    self._apply(i, held, loss, is_message)
                     self.inflight.remove(i)
                     self.idle.append((i, self.sim_time))
                     released = True
@@ -322,22 +329,31 @@ class Simulator:
             self.wait_time += self.sim_time - since
             self.waits += 1
 
-    def _compute(self, i: int) -> tuple[Tensor | None, float]:
-        """Worker ``i``'s gradient and message (``None``: a local step), not yet pushed."""
+    def _compute(self, i: int) -> tuple[Tensor, float, bool] | None:
+        """Worker ``i``'s computation to hold: a copy of its gradient (or, for a rule that
+        takes local steps, of its message), the loss, and whether it is the message;
+        ``None`` for a local step."""
         p = self.workers.compute_at(i, self.sent[i])
         grad, loss = self.gradient(p, self.batch[i])
         if self.weight_decay:
             grad.add_(p, alpha=self.weight_decay)
+        self.steps += 1
+        if not self.workers.local_steps:
+            return grad.clone(), loss, False
         self.workers.set_lr(self.lr())
         message = self.workers.message(i, grad)
-        self.steps += 1
-        return message, loss
+        return None if message is None else (message.clone(), loss, True)
 
-    def _apply(self, i: int, message: Tensor, loss: float) -> None:
-        """Push a held message of worker ``i`` and log it."""
+    def _apply(self, i: int, held: Tensor, loss: float, is_message: bool) -> None:
+        """Push a held computation of worker ``i`` and log it."""
         lr = self.lr()
         gap = self._gap(i, lr) if self.measure_gap else math.nan
         staleness = self.updates - self.pulled_at[i]
+        if is_message:
+            message = held
+        else:
+            self.workers.set_lr(lr)
+            message = self.workers.message(i, held)
         if self.master.push(i, message, lr):
             self.updates += 1
         self.pushes += 1
@@ -381,7 +397,10 @@ class Simulator:
     def _bounded_state(self) -> dict[str, Any]:
         return {
             "inflight": list(self.inflight),
-            "held": [[i, m.clone(), loss, since] for i, m, loss, since in self.held],
+            "held": [
+                [i, h.clone(), loss, since, is_message]
+                for i, h, loss, since, is_message in self.held
+            ],
             "idle": [[i, since] for i, since in self.idle],
         }
 
@@ -408,8 +427,16 @@ class Simulator:
         self.waits = int(state.get("waits", 0))
         if self.bounded:
             self.inflight = [int(i) for i in state["inflight"]]
+            # Entries of older checkpoints have no fifth field: they held messages.
             self.held = [
-                (int(i), m.clone(), float(loss), float(t)) for i, m, loss, t in state["held"]
+                (
+                    int(e[0]),
+                    e[1].clone(),
+                    float(e[2]),
+                    float(e[3]),
+                    bool(e[4]) if len(e) > 4 else True,
+                )
+                for e in state["held"]
             ]
             self.idle = [(int(i), float(t)) for i, t in state["idle"]]
 
