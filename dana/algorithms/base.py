@@ -27,7 +27,7 @@ from torch import Tensor
 
 #: Elements per block for a rule that makes several element-wise passes over the same
 #: vectors: a block of 64K float32 values (256 KiB per vector) stays in the L2 cache
-#: between passes. bench/sim_overhead.py measures what it saves.
+#: between passes (docs/BENCHMARKS.md, section 1, measures what it saves).
 BLOCK = 65536
 
 

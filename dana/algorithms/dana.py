@@ -31,6 +31,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -117,7 +119,7 @@ class DanaSlimWorkers(WorkerRule):
             g.add_(v, alpha=m)
         return grad
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         # Older checkpoints also hold the message buffer "u", which is not state.
         super().load_state_dict({k: v for k, v in state.items() if k != "u"})
 
