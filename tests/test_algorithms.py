@@ -396,6 +396,25 @@ def test_dana_slim_message_by_blocks_is_the_rule_exactly(dtype):
         assert torch.equal(workers.v, v) and torch.equal(workers.S, S)
 
 
+def test_dana_zero_push_by_blocks_is_the_rule_exactly():
+    """The master's push is computed by blocks too; bit for bit the whole-vector rule."""
+    from dana.algorithms.base import BLOCK
+
+    k, d, lr = 3, 2 * BLOCK + 17, 0.1
+    g = torch.Generator().manual_seed(0)
+    params = torch.randn(d, generator=g)
+    master = A.build("dana-zero", momentum=M).master(params, k)
+    theta, v, S = params.clone(), torch.zeros(k, d), torch.zeros(d)
+    for i in (0, 2, 0, 1, 2):
+        message = torch.randn(d, generator=g)
+        S.add_(v[i], alpha=M - 1).add_(message)
+        torch.add(message, v[i], alpha=M, out=v[i])
+        theta.add_(v[i], alpha=-lr)
+        master.push(i, message, lr)
+        assert torch.equal(master.theta, theta)
+        assert torch.equal(master.v, v) and torch.equal(master.S, S)
+
+
 def test_dana_slim_worker_state_from_older_checkpoints_loads():
     """Older checkpoints also saved the message buffer ``u``; it is ignored."""
     workers = A.build("dana-slim", momentum=M).worker(2, 4)

@@ -60,11 +60,17 @@ class DanaZeroMaster(MasterRule):
         return torch.add(self.theta, self.S, alpha=-lr * self.momentum, out=out)
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
-        v, m = self.v[worker], self.momentum
-        # S += v_new - v_old, with v_new = m*v_old + g.
-        self.S.add_(v, alpha=m - 1.0).add_(message)
-        torch.add(message, v, alpha=m, out=v)
-        self.theta.add_(v, alpha=-lr)
+        m = self.momentum
+        # S += v_new - v_old, with v_new = m*v_old + g; by cache-sized blocks (BLOCK).
+        for S, v, g, theta in zip(
+            self.S.split(BLOCK),
+            self.v[worker].split(BLOCK),
+            message.split(BLOCK),
+            self.theta.split(BLOCK),
+        ):
+            S.add_(v, alpha=m - 1.0).add_(g)
+            torch.add(g, v, alpha=m, out=v)
+            theta.add_(v, alpha=-lr)
         return True
 
 
