@@ -31,6 +31,23 @@ from torch import Tensor
 BLOCK = 65536
 
 
+def per_worker_zeros(
+    workers: int, d: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None
+) -> Tensor:
+    """A ``(workers, d)`` tensor of zeros, the layout of all per-worker state, whose rows
+    each start on a 64-byte boundary (a cache line).
+
+    Row ``i`` of a packed ``(k, d)`` tensor starts ``i*d`` elements in: unless ``d`` is a
+    multiple of 16 float32 values most rows are misaligned, and torch's vector kernels
+    and the model's matrix products at a worker's row run slower (measured: 1% of a
+    small CNN's step; docs/BENCHMARKS.md, section 1). Each row is contiguous; the
+    tensor as a whole is not (rows are padded).
+    """
+    per_line = max(1, 64 // torch.empty((), dtype=dtype).element_size())
+    padded = -(-d // per_line) * per_line
+    return torch.zeros(workers, padded, dtype=dtype, device=device)[:, :d]
+
+
 def check_momentum(momentum: float) -> float:
     if not 0.0 <= momentum < 1.0:
         raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")

@@ -43,6 +43,7 @@ from dana.algorithms.base import (
     RemembersPulls,
     WorkerRule,
     check_nonnegative,
+    per_worker_zeros,
 )
 from dana.algorithms.gap_aware import GapPenalty
 
@@ -53,7 +54,7 @@ class DanaZeroMaster(MasterRule):
     def __init__(self, params: Tensor, workers: int, momentum: float):
         super().__init__(params, workers)
         self.momentum = momentum
-        self.v = self.theta.new_zeros(workers, self.d)
+        self.v = per_worker_zeros(workers, self.d, self.theta.dtype)
         self.S = torch.zeros_like(self.theta)
 
     def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
@@ -108,7 +109,7 @@ class DanaSlimWorkers(WorkerRule):
     def __init__(self, workers: int, d: int, dtype: torch.dtype, momentum: float):
         super().__init__(workers, d, dtype)
         self.momentum = momentum
-        self.v = torch.zeros(workers, d, dtype=dtype)
+        self.v = per_worker_zeros(workers, d, dtype)
         self.S = torch.zeros(d, dtype=dtype) if workers > 1 else None
 
     def message(self, worker: int, grad: Tensor) -> Tensor:
@@ -160,7 +161,7 @@ class DanaDcMaster(RemembersPulls, DanaZeroMaster):
     def __init__(self, params: Tensor, workers: int, momentum: float, lc: float):
         super().__init__(params, workers, momentum)
         self.lc = lc
-        self.sent = self.theta.new_zeros(workers, self.d)
+        self.sent = per_worker_zeros(workers, self.d, self.theta.dtype)
         self._g = torch.empty_like(self.theta)
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:

@@ -60,6 +60,7 @@ from dana.algorithms.base import (
     check_momentum,
     check_nonnegative,
     check_workers,
+    per_worker_zeros,
 )
 
 
@@ -86,8 +87,8 @@ class ElasticWorkers(WorkerRule):
     ):
         super().__init__(workers, d, dtype)
         self.tau, self.alpha, self.momentum = tau, alpha, momentum
-        self.x = torch.zeros(workers, d, dtype=dtype)  # x_i + m*v_i (x_i when m = 0)
-        self.v = torch.zeros(workers, d, dtype=dtype) if momentum > 0 else None
+        self.x = per_worker_zeros(workers, d, dtype)  # x_i + m*v_i (x_i when m = 0)
+        self.v = per_worker_zeros(workers, d, dtype) if momentum > 0 else None
         self.t = torch.zeros(workers, dtype=torch.int64)  # local steps taken
         self.lr: float | None = None  # set by the runner before every message
         self._center: Tensor | None = None  # the center read at the last pull

@@ -28,7 +28,13 @@ import torch
 from torch import Tensor
 
 from dana.algorithms.asgd import NagAsgdMaster
-from dana.algorithms.base import Algorithm, RemembersPulls, check_momentum, check_positive
+from dana.algorithms.base import (
+    Algorithm,
+    RemembersPulls,
+    check_momentum,
+    check_positive,
+    per_worker_zeros,
+)
 
 
 class GapPenalty:
@@ -39,7 +45,7 @@ class GapPenalty:
 
     def __init__(self, ema_decay: float, eps: float):
         self.ema_decay, self.eps = ema_decay, eps
-        self.sent = self.theta.new_zeros(self.workers, self.theta.numel())
+        self.sent = per_worker_zeros(self.workers, self.theta.numel(), self.theta.dtype)
         self.ema = torch.zeros_like(self.theta)
         self.ema_steps = 0
         self.lr_max = 0.0

@@ -72,7 +72,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm, check_workers
+from dana.algorithms.base import Algorithm, check_workers, per_worker_zeros
 from dana.sim.timing import TimingModel, build_timing
 from dana.train.batches import BatchStream
 
@@ -182,7 +182,8 @@ class Simulator:
         d = params.numel()
         self.master = algorithm.master(params, self.k)
         self.workers = algorithm.worker(self.k, d, params.dtype)
-        self.sent = params.new_empty(self.k, d)  # the parameters each worker computes at
+        # the parameters each worker computes at
+        self.sent = per_worker_zeros(self.k, d, params.dtype, params.device)
         self._diff = params.new_empty(d)
         self.pulled_at = [0] * self.k  # master updates at each worker's last pull
         self.batch: list[Any] = [None] * self.k
