@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm, MasterRule, per_worker_zeros
+from dana.algorithms.base import Algorithm, MasterRule
 
 
 class AsgdMaster(MasterRule):
@@ -81,7 +81,7 @@ class MultiAsgdMaster(MasterRule):
     def __init__(self, params: Tensor, workers: int, momentum: float):
         super().__init__(params, workers)
         self.momentum = momentum
-        self.v = per_worker_zeros(workers, self.d, self.theta.dtype)
+        self.v = self.per_worker_zeros()
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         v = self.v[worker]

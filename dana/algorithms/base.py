@@ -94,6 +94,10 @@ class MasterRule:
     def d(self) -> int:
         return self.theta.numel()
 
+    def per_worker_zeros(self) -> Tensor:
+        """A ``(workers, d)`` state tensor of zeros, like ``theta`` (:func:`per_worker_zeros`)."""
+        return per_worker_zeros(self.workers, self.d, self.theta.dtype, self.theta.device)
+
     def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
         """Write the parameters ``worker`` computes at into ``out`` and return it."""
         return out.copy_(self.theta)

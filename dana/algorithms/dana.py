@@ -54,7 +54,7 @@ class DanaZeroMaster(MasterRule):
     def __init__(self, params: Tensor, workers: int, momentum: float):
         super().__init__(params, workers)
         self.momentum = momentum
-        self.v = per_worker_zeros(workers, self.d, self.theta.dtype)
+        self.v = self.per_worker_zeros()
         self.S = torch.zeros_like(self.theta)
 
     def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
@@ -161,7 +161,7 @@ class DanaDcMaster(RemembersPulls, DanaZeroMaster):
     def __init__(self, params: Tensor, workers: int, momentum: float, lc: float):
         super().__init__(params, workers, momentum)
         self.lc = lc
-        self.sent = per_worker_zeros(workers, self.d, self.theta.dtype)
+        self.sent = self.per_worker_zeros()
         self._g = torch.empty_like(self.theta)
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:

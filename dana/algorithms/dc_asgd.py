@@ -33,7 +33,6 @@ from dana.algorithms.base import (
     check_momentum,
     check_nonnegative,
     check_positive,
-    per_worker_zeros,
 )
 from dana.algorithms.dana import delay_compensate
 
@@ -54,7 +53,7 @@ class DcAsgdMaster(RemembersPulls, MasterRule):
         super().__init__(params, workers)
         self.momentum, self.lc, self.ms_decay, self.eps = momentum, lc, ms_decay, eps
         self.v = torch.zeros_like(self.theta) if momentum > 0 else None
-        self.sent = per_worker_zeros(workers, self.d, self.theta.dtype)
+        self.sent = self.per_worker_zeros()
         self.ms = torch.zeros_like(self.theta) if adaptive else None
         self._g = torch.empty_like(self.theta)
         self._lc = torch.empty_like(self.theta) if adaptive else None

@@ -33,7 +33,6 @@ from dana.algorithms.base import (
     RemembersPulls,
     check_momentum,
     check_positive,
-    per_worker_zeros,
 )
 
 
@@ -45,7 +44,7 @@ class GapPenalty:
 
     def __init__(self, ema_decay: float, eps: float):
         self.ema_decay, self.eps = ema_decay, eps
-        self.sent = per_worker_zeros(self.workers, self.theta.numel(), self.theta.dtype)
+        self.sent = self.per_worker_zeros()
         self.ema = torch.zeros_like(self.theta)
         self.ema_steps = 0
         self.lr_max = 0.0

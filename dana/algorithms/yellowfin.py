@@ -54,7 +54,7 @@ import math
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm, MasterRule, check_positive, per_worker_zeros
+from dana.algorithms.base import Algorithm, MasterRule, check_positive
 
 #: Floor of the curvature and variance estimates (avoids dividing by zero).
 EPS = 1e-12
@@ -143,8 +143,8 @@ class YellowFinMaster(MasterRule):
         closed = gamma is not None
         # Closed loop, per worker: x_u - x_{u-1} at its pull, the step x_{u+1} - x_u taken
         # after it and that step's alpha, and whether that step is still to come.
-        self.before = per_worker_zeros(workers, self.d, self.theta.dtype) if closed else None
-        self.after = per_worker_zeros(workers, self.d, self.theta.dtype) if closed else None
+        self.before = self.per_worker_zeros() if closed else None
+        self.after = self.per_worker_zeros() if closed else None
         self.after_alpha = torch.zeros(workers, dtype=torch.float64) if closed else None
         self.pending = torch.zeros(workers, dtype=torch.bool) if closed else None
 

@@ -252,12 +252,17 @@ class Simulator:
             if callback is not None and callback(self):
                 break
 
-    def _push(self, i: int) -> bool:
-        """Compute worker ``i``'s gradient and push its message; False for a local step."""
+    def _gradient(self, i: int) -> tuple[Tensor, float]:
+        """Worker ``i``'s gradient (weight decay included) on its batch, and the loss."""
         p = self.workers.compute_at(i, self.sent[i])
         grad, loss = self.gradient(p, self.batch[i])
         if self.weight_decay:
             grad.add_(p, alpha=self.weight_decay)
+        return grad, loss
+
+    def _push(self, i: int) -> bool:
+        """Compute worker ``i``'s gradient and push its message; False for a local step."""
+        grad, loss = self._gradient(i)
         lr = self.lr()
         gap = self._gap(i, lr) if self.measure_gap else math.nan
         staleness = self.updates - self.pulled_at[i]
@@ -334,16 +339,15 @@ class Simulator:
         """Worker ``i``'s computation to hold: a copy of its gradient (or, for a rule that
         takes local steps, of its message), the loss, and whether it is the message;
         ``None`` for a local step."""
-        p = self.workers.compute_at(i, self.sent[i])
-        grad, loss = self.gradient(p, self.batch[i])
-        if self.weight_decay:
-            grad.add_(p, alpha=self.weight_decay)
+        grad, loss = self._gradient(i)
+        if self.workers.local_steps:
+            self.workers.set_lr(self.lr())
+            message = self.workers.message(i, grad)
+            held = None if message is None else (message.clone(), loss, True)
+        else:
+            held = (grad.clone(), loss, False)
         self.steps += 1
-        if not self.workers.local_steps:
-            return grad.clone(), loss, False
-        self.workers.set_lr(self.lr())
-        message = self.workers.message(i, grad)
-        return None if message is None else (message.clone(), loss, True)
+        return held
 
     def _apply(self, i: int, held: Tensor, loss: float, is_message: bool) -> None:
         """Push a held computation of worker ``i`` and log it."""
