@@ -260,14 +260,18 @@ class Simulator:
             grad.add_(p, alpha=self.weight_decay)
         return grad, loss
 
+    def _message(self, i: int, grad: Tensor, lr: float) -> Tensor | None:
+        """Worker ``i``'s message for ``grad``, made at ``lr`` (``None``: a local step)."""
+        self.workers.set_lr(lr)
+        return self.workers.message(i, grad)
+
     def _push(self, i: int) -> bool:
         """Compute worker ``i``'s gradient and push its message; False for a local step."""
         grad, loss = self._gradient(i)
         lr = self.lr()
         gap = self._gap(i, lr) if self.measure_gap else math.nan
         staleness = self.updates - self.pulled_at[i]
-        self.workers.set_lr(lr)
-        message = self.workers.message(i, grad)
+        message = self._message(i, grad, lr)
         self.steps += 1
         if message is None:
             return False
@@ -341,8 +345,7 @@ class Simulator:
         ``None`` for a local step."""
         grad, loss = self._gradient(i)
         if self.workers.local_steps:
-            self.workers.set_lr(self.lr())
-            message = self.workers.message(i, grad)
+            message = self._message(i, grad, self.lr())
             held = None if message is None else (message.clone(), loss, True)
         else:
             held = (grad.clone(), loss, False)
@@ -357,8 +360,7 @@ class Simulator:
         if is_message:
             message = held
         else:
-            self.workers.set_lr(lr)
-            message = self.workers.message(i, held)
+            message = self._message(i, held, lr)
         if self.master.push(i, message, lr):
             self.updates += 1
         self.pushes += 1
