@@ -288,16 +288,20 @@ class _GapAwareReference:
         self.ema, self.steps, self.lr_max = np.zeros(len(theta)), 0, 0.0
         self.penalised = 0  # pushes with a penalty above 1.01 somewhere
 
-    def pull(self, i, lr):
+    def lookahead(self, lr):
         momentum = self.v.sum(0) if self.dana else self.v
-        self.sent[i] = self.theta - lr * self.m * momentum
+        return self.theta - lr * self.m * momentum
+
+    def pull(self, i, lr):
+        self.sent[i] = self.lookahead(lr)
         return self.sent[i].copy()
 
     def push(self, i, g, lr):
         self.lr_max = max(self.lr_max, lr)
         if self.steps:
             C = self.lr_max * (np.sqrt(self.ema / (1 - self.decay**self.steps)) + self.eps)
-            G = 1 + np.abs(self.theta - self.sent[i]) / C
+            # the gap between what the master would send worker i now and what it sent
+            G = 1 + np.abs(self.lookahead(lr) - self.sent[i]) / C
             self.penalised += bool(G.max() > 1.01)
             g = g / G
         if self.dana:
@@ -332,6 +336,53 @@ def test_gap_penalty_matches_the_rule(name, m):
         np.testing.assert_allclose(master.pull(i, lr, out).numpy(), ref.pull(i, lr), atol=1e-12)
     assert master.ema_steps == 200 and master.lr_max == ref.lr_max
     assert ref.penalised > 50  # the penalty was at work, not 1 throughout
+
+
+@pytest.mark.parametrize(("name", "plain"), [("gap-aware", "nag-asgd"), ("dana-ga", "dana-zero")])
+def test_one_worker_gap_penalty_is_the_plain_rule(name, plain):
+    """One worker never pushes stale: Gap-Aware is NAG-ASGD, DANA-GA is DANA-Zero, with
+    momentum and a changing lr (the look-ahead moves with lr; the penalty must not)."""
+    rng = np.random.default_rng(5)
+    d = 7
+    theta0 = torch.from_numpy(rng.standard_normal(d))
+    penalised = A.build(name, momentum=M).master(theta0, 1)
+    reference = A.build(plain, momentum=M).master(theta0, 1)
+    a, b = torch.empty(d, dtype=torch.float64), torch.empty(d, dtype=torch.float64)
+    for step in range(60):
+        lr = 0.1 if step < 30 else 0.01
+        penalised.pull(0, lr, a)
+        reference.pull(0, lr, b)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
+        g = a - 1.0 + 0.1 * torch.from_numpy(rng.standard_normal(d))
+        penalised.push(0, g.clone(), lr)
+        reference.push(0, g.clone(), lr)
+    torch.testing.assert_close(penalised.theta, reference.theta, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["gap-aware", "dana-ga"])
+def test_fresh_push_is_not_penalised_with_many_workers(name):
+    """k = 4, momentum 0.9: a worker that pulls and pushes before anyone else lands its
+    gradient unchanged (staleness 0), whatever the momentum the master holds."""
+    rng = np.random.default_rng(6)
+    k, d, lr = 4, 6, 0.05
+    master = A.build(name, momentum=M).master(torch.from_numpy(rng.standard_normal(d)), k)
+    out = torch.empty(d, dtype=torch.float64)
+    for i in range(k):
+        master.pull(i, lr, out)
+    for step in range(40):  # stale pushes: momentum and the EMA build up
+        i = step % k
+        master.push(i, torch.from_numpy(rng.standard_normal(d)), lr)
+        master.pull(i, lr, out)
+    i = 2
+    master.pull(i, lr, out)
+    g = torch.from_numpy(rng.standard_normal(d))
+    expected = A.build("nag-asgd" if name == "gap-aware" else "dana-zero", momentum=M).master(
+        master.theta.clone(), k
+    )
+    expected.load_state_dict({key: master.state_dict()[key] for key in expected.state_keys})
+    master.push(i, g.clone(), lr)
+    expected.push(i, g.clone(), lr)
+    torch.testing.assert_close(master.theta, expected.theta, rtol=0, atol=1e-14)
 
 
 def test_gap_penalty_is_one_without_gap_and_damps_a_stale_push():

@@ -129,6 +129,24 @@ def test_ssgd_rounds_and_snapshots():
     assert restored.counters()["last_seq"] == [1, 1]
 
 
+def test_ssgd_server_applies_the_schedule_once_per_round():
+    """Every push of a round is applied at the round's rate: the schedule at the round's
+    start (update u: epoch u*k/batches_per_epoch), with the warm-up from lr/k."""
+    k, bpe = 4, 10
+    config = tiny(algorithm="ssgd", workers=k, momentum=0.0, lr=0.4, warmup_epochs=2)
+    server = make_server(config, batches_per_epoch=bpe)
+    for seq in range(1, 6):
+        for w in range(k):
+            status, _, lr, *_ = server.pull(w)
+            assert status == PARAMS
+            server.push(w, seq, np.ones(6, np.float32))
+    log = server.poll()["log"]
+    schedule = [0.1 + 0.3 * (u * k / bpe) / 2 for u in range(5)]
+    np.testing.assert_allclose(log["lr"], np.repeat(schedule, k), rtol=1e-12)
+    # theta moved by the applied rates, one step of mean(g) = 1 per round
+    np.testing.assert_allclose(server.master.theta.numpy(), -sum(schedule), rtol=1e-6)
+
+
 def test_log_merger_joins_shards_by_push():
     merger = LogMerger(servers=2)
 

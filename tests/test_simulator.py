@@ -314,3 +314,28 @@ def test_simulator_follows_the_schedule_per_push(simulator, least_squares):
     # Push j is processed after j earlier gradient computations: epoch j / 10.
     np.testing.assert_allclose(lrs, [schedule(j / 10) for j in range(40)], rtol=0, atol=0)
     assert lrs[0] == pytest.approx(0.004) and lrs[25] == 0.02 and lrs[35] == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_ssgd_applies_the_schedule_once_per_round(simulator, least_squares, k):
+    """A round is one update: the rate the master applies at update u is the schedule at
+    the round's start (epoch u*k/10), and every push of the round logs that rate."""
+    problem = least_squares(n=80)  # 10 batches an epoch
+    schedule = LRSchedule(0.02, workers=k, warmup_epochs=2, decay_epochs=(3,))
+    sim = simulator("ssgd", k, problem, lr=schedule, momentum=M)
+    applied = []
+    push = sim.master.push
+
+    def recording_push(worker, message, lr):
+        moved = push(worker, message, lr)
+        if moved:
+            applied.append(lr)
+        return moved
+
+    sim.master.push = recording_push
+    rounds = 40 // k
+    sim.run(pushes=rounds * k)
+    expected = [schedule(u * k / 10) for u in range(rounds)]
+    assert applied == expected
+    np.testing.assert_array_equal(sim.log.numpy()["lr"], np.repeat(expected, k))
+    assert applied[0] == pytest.approx(0.02 / k)  # the warm-up starts at lr / k

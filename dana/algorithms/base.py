@@ -134,9 +134,13 @@ class RemembersPulls:
     sent: Tensor
 
     def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
-        super().pull(worker, lr, out)  # type: ignore[misc]
+        self.peek(worker, lr, out)
         self.sent[worker].copy_(out)
         return out
+
+    def peek(self, worker: int, lr: float, out: Tensor) -> Tensor:
+        """What a pull of ``worker`` would send now, without recording it."""
+        return super().pull(worker, lr, out)  # type: ignore[misc]
 
 
 class WorkerRule:

@@ -1,8 +1,12 @@
 """Gap-Aware: a staleness penalty proportional to how far the master moved.
 
 Barkai, Hakimi, Schuster, "Gap Aware Mitigation of Gradient Staleness" (ICLR 2020).
-Each gradient is divided element-wise by ``G = 1 + |theta - p_i| / C``, where
-``C = lr_max * (sqrt(ema) + eps)`` is the typical size of one step per parameter:
+Each gradient is divided element-wise by ``G = 1 + |q_i - p_i| / C``, where ``q_i`` is
+what the master would send worker ``i`` now (NAG-ASGD's look-ahead ``theta - lr*m*v``,
+DANA-Zero's ``theta - lr*m*S``) and ``p_i`` what it sent: zero when no push landed in
+between, so a fresh push is not penalised and with one worker ``gap-aware`` is NAG-ASGD
+and ``dana-ga`` DANA-Zero (the paper stores the look-ahead as the parameters, so its gap
+is this one). ``C = lr_max * (sqrt(ema) + eps)`` is the typical size of one step per parameter:
 ``ema`` is a bias-corrected moving average (decay 0.999) of the squared step direction
 (the momentum buffer, or the gradient when ``m = 0``) and ``lr_max`` the largest learning
 rate seen so far. The weight-decay part of ``g`` is penalised the same way, since it is
@@ -24,6 +28,8 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -37,10 +43,13 @@ from dana.algorithms.base import (
 
 
 class GapPenalty:
-    """The penalty's state and arithmetic, mixed into a master that has ``theta``."""
+    """The penalty's state and arithmetic, mixed into a master that has ``theta`` and
+    remembers its pulls (:class:`~dana.algorithms.base.RemembersPulls`)."""
 
     theta: Tensor
     workers: int
+    sent: Tensor
+    peek: Callable[[int, float, Tensor], Tensor]
 
     def __init__(self, ema_decay: float, eps: float):
         self.ema_decay, self.eps = ema_decay, eps
@@ -58,14 +67,15 @@ class GapPenalty:
         return float(ema_decay), check_positive("eps", eps)
 
     def penalize(self, worker: int, g: Tensor, lr: float) -> Tensor:
-        """``g / (1 + |theta - p_i| / C)``, in a buffer of the master's."""
+        """``g / (1 + |q_i - p_i| / C)``, in a buffer of the master's."""
         self.lr_max = max(self.lr_max, float(lr))
         if self.ema_steps == 0:
             return g
         bias = 1.0 - self.ema_decay**self.ema_steps
         C = self._penalty
         torch.div(self.ema, bias, out=C).sqrt_().add_(self.eps).mul_(self.lr_max)
-        G = torch.sub(self.theta, self.sent[worker], out=self._scaled).abs_().div_(C).add_(1.0)
+        q = self.peek(worker, lr, self._scaled)
+        G = q.sub_(self.sent[worker]).abs_().div_(C).add_(1.0)
         return torch.div(g, G, out=self._scaled)
 
     def observe(self, direction: Tensor) -> None:
@@ -92,7 +102,7 @@ class GapAware(Algorithm):
     """NAG-ASGD with each gradient divided by its normalised gap."""
 
     name = "gap-aware"
-    summary = "NAG-ASGD with the Gap-Aware penalty g / (1 + |theta - p_i| / C)"
+    summary = "NAG-ASGD with the Gap-Aware penalty g / (1 + |q_i - p_i| / C)"
     master_rule = GapAwareMaster
 
     def __init__(self, momentum: float = 0.9, ema_decay: float = 0.999, eps: float = 1e-8):

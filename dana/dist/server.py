@@ -76,6 +76,7 @@ from dana.dist.layout import Layout
 from dana.dist.log import ShardLog
 from dana.train.config import TrainConfig
 from dana.train.runner import build_schedule
+from dana.train.schedule import schedule_epoch
 
 APPLIED, DUPLICATE, LOCAL, STOP, PARAMS = "applied", "duplicate", "local", "stop", "params"
 WAIT = "wait"  # bounded staleness: the call is refused for now; ask again
@@ -378,7 +379,12 @@ class ShardServer:
 
     # -- state --------------------------------------------------------------------------
     def lr(self) -> float:
-        return self.schedule(self.steps / self.batches_per_epoch)
+        """The rate of the next update (``ssgd``: of the round under way)."""
+        return self.schedule(
+            schedule_epoch(
+                self.steps, self.updates, self.k, self.batches_per_epoch, self.synchronous
+            )
+        )
 
     def state(self) -> dict[str, Any]:
         """The server's state for a checkpoint: numpy arrays and plain values."""

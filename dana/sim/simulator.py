@@ -49,6 +49,7 @@ Example::
     >>> import torch, dana
     >>> from dana.sim import Simulator
     >>> from dana.train.batches import BatchStream
+from dana.train.schedule import schedule_epoch
     >>> A = torch.randn(64, 5, generator=torch.Generator().manual_seed(0))
     >>> def gradient(p, rows):  # least squares 0.5*|A p - 1|^2 / n on a batch of rows
     ...     r = A[rows] @ p - 1
@@ -75,6 +76,7 @@ from torch import Tensor
 from dana.algorithms.base import Algorithm, check_workers, per_worker_zeros
 from dana.sim.timing import TimingModel, build_timing
 from dana.train.batches import BatchStream
+from dana.train.schedule import schedule_epoch
 
 #: ``gradient(params, batch) -> (grad, loss)``; the simulator may modify ``grad`` in place.
 GradientFn = Callable[[Tensor, Any], tuple[Tensor, float]]
@@ -208,7 +210,17 @@ class Simulator:
         return self.steps / self.batches.batches_per_epoch
 
     def lr(self) -> float:
-        return self.schedule(self.epoch)
+        """The rate of the next update (``ssgd``: of the round under way; see
+        :func:`~dana.train.schedule.schedule_epoch`)."""
+        return self.schedule(
+            schedule_epoch(
+                self.steps,
+                self.updates,
+                self.k,
+                self.batches.batches_per_epoch,
+                self.synchronous,
+            )
+        )
 
     def params(self) -> Tensor:
         """The master's parameters to evaluate."""
