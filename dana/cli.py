@@ -68,6 +68,12 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
     ),
     ("--lr-decay-factor", "lr_decay_factor", float, "learning-rate decay factor"),
     ("--warmup-epochs", "warmup_epochs", float, "linear warm-up from lr/k to lr over these epochs"),
+    (
+        "--lr-scaling",
+        "lr_scaling",
+        str,
+        "none, or linear: the peak rate is lr*k, warmed up from lr (Goyal et al. 2017)",
+    ),
     ("--timing", "timing", str, "timing model: constant, gamma, heterogeneous or trace"),
     (
         "--max-staleness",

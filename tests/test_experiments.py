@@ -24,6 +24,7 @@ from dana.experiments.results import load_results
 from dana.experiments.sweep import threads_per_job
 from dana.experiments.table import error_cell
 from dana.experiments.targets import time_to_target
+from dana.train.config import TrainConfig
 from dana.train.runner import train
 
 # One thread per run: tiny models gain nothing from more, and on a shared machine OpenMP's
@@ -161,9 +162,19 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
             config = cell.config()
             assert config.weight_decay == 1e-4 and config.momentum == 0.9, cell.name
             assert config.warmup_epochs > 0 and config.model in ("resnet20", "cnn"), cell.name
-        # the one-worker hyper-parameters are reused unchanged for every k
-        varying = {k for c in cells for k, v in c.options.items() if v != cells[0].options[k]}
-        assert varying <= {"algorithm", "workers", "seed"}, (name, varying)
+        # the one-worker hyper-parameters are reused unchanged for every k; only SSGD
+        # has a second row, with the linear-scaling rule
+        configs = [c.config().to_dict() for c in cells]
+        varying = {k for c in configs for k, v in c.items() if v != configs[0][k]}
+        assert varying <= {"algorithm", "workers", "seed", "lr_scaling"}, (name, varying)
+        assert all(c["lr_scaling"] == "none" or c["algorithm"] == "ssgd" for c in configs)
+    long = expand(load_preset("fashion-long"))
+    assert {c.workers for c in long} == {1, 8, 16, 32, 64} and {c.seed for c in long} == {0, 1}
+    assert len(long) == 2 * (1 + 4 * 10)
+    assert sum(c.options.get("lr_scaling") == "linear" for c in long) == 8
+    config = long[1].config()
+    assert (config.train_size, config.epochs, config.warmup_epochs) == (30000, 40, 5)
+    assert config.lr_decay_epochs == [20, 30]
     full = expand(load_preset("fashion-full"))
     assert {1, 4, 8, 16, 32, 64} <= {c.workers for c in full}
     assert len({c.seed for c in full}) >= 2
@@ -325,3 +336,43 @@ def test_a_killed_sweep_resumes_and_a_checkpointed_run_continues(tmp_path):
     text = log.read_text()
     assert "resume from checkpoint dana-slim_k2_s2" in text
     assert "skip " in text
+
+
+def test_also_grids_add_cells_in_run_order_and_rows_skip_defaults(tmp_path):
+    spec = SweepSpec.from_dict(
+        {
+            "grid": {"algorithm": ["ssgd", "dana-slim"], "workers": [1, 2, 4], "seed": [0, 1]},
+            "also": [{"algorithm": ["ssgd"], "lr_scaling": ["linear"]}],
+        }
+    )
+    names = [c.name for c in expand(spec)]
+    assert names[:4] == [
+        "dana-slim_k1_s0",
+        "ssgd_k2_s0",
+        "dana-slim_k2_s0",
+        "ssgd_k2_s0_lr-scalinglinear",
+    ]
+    assert len(names) == 2 * (1 + 3 + 3) and "ssgd_k1_s0_lr-scalinglinear" not in names
+    assert SweepSpec.from_dict(spec.to_dict()).also == spec.also
+    with pytest.raises(ConfigError, match="'also' grid option.*bogus"):
+        SweepSpec.from_dict({"also": [{"bogus": [1]}]})
+    with pytest.raises(ConfigError, match="list of grids"):
+        SweepSpec.from_dict({"also": {"algorithm": ["ssgd"]}})
+    from dana.experiments.results import row_label
+
+    keys = ["lr_scaling"]
+    assert row_label({"algorithm": "ssgd", "lr_scaling": "none"}, keys) == "ssgd"
+    assert row_label({"algorithm": "ssgd", "lr_scaling": "linear"}, keys) == (
+        "ssgd (lr_scaling=linear)"
+    )
+
+
+def test_linear_scaling_multiplies_the_peak_rate_after_a_warm_up_from_lr():
+    from dana.train.runner import build_schedule
+
+    config = TrainConfig(workers=8, lr=0.01, warmup_epochs=5, lr_scaling="linear").validate()
+    schedule = build_schedule(config)
+    assert schedule(0.0) == pytest.approx(0.01) and schedule(5.0) == pytest.approx(0.08)
+    assert build_schedule(TrainConfig(workers=8, lr=0.01, warmup_epochs=5))(5.0) == 0.01
+    with pytest.raises(ConfigError, match="lr-scaling"):
+        TrainConfig(lr_scaling="sqrt").validate()

@@ -13,6 +13,14 @@ one worker) is run there, once per seed; ``baseline="all"`` runs every algorithm
 >>> spec = SweepSpec(grid={"algorithm": ["ssgd", "dana-slim"], "workers": [1, 4], "seed": [0]})
 >>> [c.name for c in expand(spec)]
 ['dana-slim_k1_s0', 'ssgd_k4_s0', 'dana-slim_k4_s0']
+
+``also`` adds cells that are not a product: each entry is a grid laid over the main one
+(its axes replace the main grid's), and its cells join the main grid's in run order
+(but for one worker: the main grid runs the baseline).
+
+>>> spec.also = [{"algorithm": ["ssgd"], "lr_scaling": ["linear"]}]
+>>> [c.name for c in expand(spec)]
+['dana-slim_k1_s0', 'ssgd_k4_s0', 'dana-slim_k4_s0', 'ssgd_k4_s0_lr-scalinglinear']
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ class SweepSpec:
     grid: dict[str, list[Any]] = field(default_factory=dict)
     baseline: str = DEFAULT_BASELINE
     description: str = ""
+    #: Further grids laid over ``grid`` (their axes replace its), for cells that are
+    #: not a product (one algorithm with one more setting, say).
+    also: list[dict[str, list[Any]]] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "sweep spec") -> SweepSpec:
@@ -64,12 +75,14 @@ class SweepSpec:
             raise ConfigError(f"{source}: 'grid' must map option names to lists of values")
         baseline = values.pop("baseline", DEFAULT_BASELINE)
         description = values.pop("description", "")
+        also_values = values.pop("also", None) or []
+        if not isinstance(also_values, list) or not all(isinstance(g, dict) for g in also_values):
+            raise ConfigError(f"{source}: 'also' must be a list of grids (option: [values])")
         values.pop("dana_version", None)
         fixed = {canonical_key(k): v for k, v in values.items()}
-        grid: dict[str, list[Any]] = {}
-        for key, vals in grid_values.items():
-            grid[canonical_key(key)] = vals if isinstance(vals, list) else [vals]
-        spec = cls(fixed, grid, str(baseline), str(description))
+        grid = _grid(grid_values)
+        also = [_grid(g) for g in also_values]
+        spec = cls(fixed, grid, str(baseline), str(description), also)
         spec.check(source)
         return spec
 
@@ -78,24 +91,31 @@ class SweepSpec:
             "description": self.description,
             "baseline": self.baseline,
             "grid": {k: list(v) for k, v in self.grid.items()},
+            **(
+                {"also": [{k: list(v) for k, v in g.items()} for g in self.also]}
+                if self.also
+                else {}
+            ),
             **self.fixed,
         }
 
     def check(self, source: str = "sweep spec") -> None:
         """Raise ConfigError for unknown option names or empty value lists."""
         names = option_names()
-        for where, keys in (("option", self.fixed), ("grid option", self.grid)):
+        grids = [("grid option", self.grid)] + [("'also' grid option", g) for g in self.also]
+        for where, keys in (("option", self.fixed), *grids):
             unknown = sorted(set(keys) - names)
             if unknown:
                 raise ConfigError(
                     f"{source}: unknown {where}(s) {', '.join(unknown)}; valid: "
                     f"{', '.join(sorted(names))}"
                 )
-        for key, vals in self.grid.items():
-            if not vals:
-                raise ConfigError(f"{source}: grid option {key!r} has no values")
-            if len(set(map(repr, vals))) != len(vals):
-                raise ConfigError(f"{source}: grid option {key!r} repeats a value: {vals!r}")
+        for grid in (self.grid, *self.also):
+            for key, vals in grid.items():
+                if not vals:
+                    raise ConfigError(f"{source}: grid option {key!r} has no values")
+                if len(set(map(repr, vals))) != len(vals):
+                    raise ConfigError(f"{source}: grid option {key!r} repeats a value: {vals!r}")
 
     def override(self, fixed: dict[str, Any], grid: dict[str, list[Any]]) -> SweepSpec:
         """A copy with ``fixed`` options and ``grid`` axes laid over this spec.
@@ -154,17 +174,41 @@ def axes(spec: SweepSpec) -> dict[str, list[Any]]:
 def expand(spec: SweepSpec) -> list[Cell]:
     """The cells of ``spec`` in run order (seed, then workers, then algorithm, then the
     other axes); at ``workers == 1`` only the baseline algorithm (see the module doc).
+    The cells of the ``also`` grids join in the same order of seeds and worker counts.
 
     Raises ConfigError when two cells would share a directory name.
     """
     spec.check()
-    grid = axes(spec)
-    extra = [k for k in grid if k not in MAIN_AXES]
     cells: list[Cell] = []
     seen: dict[str, Cell] = {}
+    for n, grid in enumerate((spec.grid, *spec.also)):
+        _expand_one(spec, {**spec.grid, **grid}, cells, seen, also=n > 0)
+    if not spec.also:
+        return cells
+    order = {key: [] for key in ("seed", "workers")}
+    for cell in cells:
+        for key, values in order.items():
+            if cell.options[key] not in values:
+                values.append(cell.options[key])
+    return sorted(
+        cells, key=lambda c: (order["seed"].index(c.seed), order["workers"].index(c.workers))
+    )
+
+
+def _expand_one(
+    spec: SweepSpec,
+    grid_axes: dict[str, list[Any]],
+    cells: list[Cell],
+    seen: dict[str, Cell],
+    also: bool,
+) -> None:
+    grid = axes(dataclasses.replace(spec, grid=grid_axes))
+    extra = [k for k in grid if k not in MAIN_AXES]
     for values in itertools.product(*grid.values()):
         setting = dict(zip(grid, values))
         if setting["workers"] == 1 and spec.baseline != "all":
+            if also:  # the main grid runs the one-worker baseline
+                continue
             setting["algorithm"] = spec.baseline
         options = {**spec.fixed, **setting}
         name = cell_name(options, extra)
@@ -178,7 +222,10 @@ def expand(spec: SweepSpec) -> list[Cell]:
         cell = Cell(name, options)
         seen[name] = cell
         cells.append(cell)
-    return cells
+
+
+def _grid(values: dict[str, Any]) -> dict[str, list[Any]]:
+    return {canonical_key(k): v if isinstance(v, list) else [v] for k, v in values.items()}
 
 
 def cell_name(options: dict[str, Any], extra: list[str] | tuple[str, ...] = ()) -> str:

@@ -6,7 +6,8 @@ A run is ``finished`` or ``diverged`` (from ``summary.json``), ``incomplete`` (n
 summary yet), or ``failed`` (no summary, and the sweep's ``sweep.json`` says it failed).
 
 Runs are grouped by *row* (the algorithm, plus any other setting that differs between
-runs, such as ``lr=0.05``) and worker count; the seeds of a group are its samples.
+runs and is not at its default, such as ``lr=0.05``) and worker count; the seeds of a
+group are its samples.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from dana.errors import DanaError
+from dana.train.config import TrainConfig
 from dana.train.rundir import RunDir
 
 #: Settings that never split rows: the axes of the table and the sample index, and
@@ -177,11 +179,20 @@ def load_results(path: str | Path, baseline: str | None = None) -> Results:
 
 
 def row_label(config: dict[str, Any], keys: list[str]) -> str:
-    """``dana-slim`` or, when other settings vary, ``dana-slim (lr=0.05)``."""
-    if not keys:
-        return config["algorithm"]
-    extra = ", ".join(f"{k}={config.get(k)}" for k in keys)
-    return f"{config['algorithm']} ({extra})"
+    """``dana-slim`` or, when other settings vary, ``dana-slim (lr=0.05)``: the varying
+    settings that are not at ``dana train``'s default (``ssgd`` and ``ssgd
+    (lr_scaling=linear)``, not ``ssgd (lr_scaling=none)``)."""
+    defaults = TrainConfig().to_dict()
+    extra = ", ".join(
+        f"{k}={config.get(k)}"
+        for k in keys
+        if k not in defaults or _canonical(config.get(k)) != _canonical(defaults[k])
+    )
+    return f"{config['algorithm']} ({extra})" if extra else config["algorithm"]
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
 
 
 def _row_keys(runs: list[Run]) -> list[str]:

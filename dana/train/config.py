@@ -22,6 +22,7 @@ from dana.errors import ConfigError
 from dana.sim.timing import TIMING_MODELS
 
 BACKENDS = ("sim", "ray")
+LR_SCALINGS = ("none", "linear")
 DTYPES = ("float32", "float64")
 
 
@@ -48,6 +49,7 @@ class TrainConfig:
     lr_decay_epochs: list[float] = field(default_factory=list)
     lr_decay_factor: float = 0.1
     warmup_epochs: float = 1.0
+    lr_scaling: str = "none"
     timing: str = "gamma"
     timing_params: dict[str, Any] = field(default_factory=dict)
     max_staleness: int | None = None
@@ -97,6 +99,11 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def peak_lr(self) -> float:
+        """The rate after warm-up, before decay: ``lr``, or ``lr * workers`` with the
+        linear-scaling rule (``lr_scaling: linear``; Goyal et al. 2017)."""
+        return self.lr * self.workers if self.lr_scaling == "linear" else self.lr
 
     def algorithm_hparams(self) -> dict[str, Any]:
         """The hyper-parameters passed to the algorithm: momentum if it takes one, then
@@ -149,6 +156,11 @@ class TrainConfig:
             )
         if self.lr_decay_epochs != sorted(self.lr_decay_epochs):
             raise ConfigError(f"--lr-decay-epochs must increase, got {self.lr_decay_epochs!r}")
+        if self.lr_scaling not in LR_SCALINGS:
+            raise ConfigError(
+                f"--lr-scaling {self.lr_scaling!r} is unknown; choose one of: "
+                f"{', '.join(LR_SCALINGS)}"
+            )
         if self.timing not in TIMING_MODELS:
             raise ConfigError(
                 f"--timing {self.timing!r} is unknown; choose one of: {', '.join(TIMING_MODELS)}"

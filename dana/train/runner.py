@@ -32,8 +32,10 @@ from dana.train.schedule import LRSchedule
 
 
 def build_schedule(config: TrainConfig) -> LRSchedule:
+    """Warm-up from ``peak/k`` to the peak rate, then step decay (``peak = lr``, or
+    ``lr * k`` with linear scaling: the warm-up then starts at the one-worker ``lr``)."""
     return LRSchedule(
-        config.lr,
+        config.peak_lr(),
         config.workers,
         config.warmup_epochs,
         tuple(config.lr_decay_epochs),
