@@ -376,3 +376,59 @@ def test_linear_scaling_multiplies_the_peak_rate_after_a_warm_up_from_lr():
     assert build_schedule(TrainConfig(workers=8, lr=0.01, warmup_epochs=5))(5.0) == 0.01
     with pytest.raises(ConfigError, match="lr-scaling"):
         TrainConfig(lr_scaling="sqrt").validate()
+
+
+def test_more_seeds_are_due_where_the_seeds_spread_widely(tmp_path):
+    from dana.experiments.layout import SweepDir
+    from dana.experiments.sweep import more_seeds
+
+    spec = SweepSpec.from_dict(
+        {
+            "grid": {"algorithm": ["asgd", "dana-slim", "ssgd"], "workers": [2], "seed": [0, 1]},
+            "more_seeds": {"above_spread": 2, "seeds": [2, 3]},
+        }
+    )
+    cells = expand(spec)
+    finals = {"asgd": (0.20, 0.21), "dana-slim": (0.20, 0.25), "ssgd": (0.2, None)}
+    for cell in cells:
+        error = finals[cell.algorithm][cell.seed]
+        run = tmp_path / "runs" / cell.name
+        run.mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps(cell.options))
+        (run / "summary.json").write_text(
+            json.dumps({"final_test_error": error, "diverged": error is None})
+        )
+    due = more_seeds(spec, SweepDir(tmp_path), cells)
+    # asgd: 1 pp apart (not due); dana-slim: 5 pp; ssgd: one seed diverged
+    assert sorted(c.name for c in due) == [
+        "dana-slim_k2_s2", "dana-slim_k2_s3", "ssgd_k2_s2", "ssgd_k2_s3"
+    ]  # fmt: skip
+    assert all(c.options["seed"] in (2, 3) and c.config() for c in due)
+    assert more_seeds(spec, SweepDir(tmp_path), cells + due) == []
+    (tmp_path / "runs" / "asgd_k2_s1" / "summary.json").unlink()  # unfinished: not judged
+    assert {c.algorithm for c in more_seeds(spec, SweepDir(tmp_path), cells)} == {
+        "dana-slim",
+        "ssgd",
+    }
+    with pytest.raises(ConfigError, match="more_seeds"):
+        SweepSpec.from_dict({"more_seeds": {"above_spread": "wide", "seeds": [2]}})
+
+
+def test_sweep_runs_the_further_seeds_it_finds_due(tmp_path):
+    config = tmp_path / "sweep.yaml"
+    config.write_text(
+        "grid:\n  algorithm: [asgd]\n  workers: [2]\n  seed: [0, 1]\n"
+        "more_seeds:\n  above_spread: 0\n  seeds: [2]\n"
+    )
+    out = tmp_path / "out"
+    # spread 0: any difference between the two seeds makes the third due
+    dana("sweep", "--config", str(config), *TINY, "--lr", "0.3", "--out", str(out), "--quiet")
+    errors = [
+        json.loads((out / "runs" / f"asgd_k2_s{s}" / "summary.json").read_text())[
+            "final_test_error"
+        ]
+        for s in (0, 1)
+    ]
+    third = out / "runs" / "asgd_k2_s2" / "summary.json"
+    assert third.is_file() == (errors[0] != errors[1])
+    assert "asgd_k2_s2" in (out / "sweep.log").read_text() or errors[0] == errors[1]

@@ -151,10 +151,13 @@ def sweep_spec(args: argparse.Namespace) -> SweepSpec:
         spec = spec.override(layer.fixed, layer.grid)
         spec.baseline = layer.baseline
         spec.description = layer.description or spec.description
+        spec.also = layer.also or spec.also
+        spec.more_seeds = layer.more_seeds or spec.more_seeds
     if args.resume:
         stored = SweepSpec.from_dict(SweepDir(args.resume).read_spec()["spec"], args.resume)
         spec = spec.override(stored.fixed, stored.grid)
         spec.baseline, spec.description = stored.baseline, stored.description
+        spec.also, spec.more_seeds = stored.also, stored.more_seeds
     fixed = collect_options(
         argparse.Namespace(**{k: v for k, v in given.items() if k != "config_file"})
     )

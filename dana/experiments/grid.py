@@ -64,6 +64,10 @@ class SweepSpec:
     #: Further grids laid over ``grid`` (their axes replace its), for cells that are
     #: not a product (one algorithm with one more setting, say).
     also: list[dict[str, list[Any]]] = field(default_factory=list)
+    #: ``{"above_spread": pp, "seeds": [...]}``: run these seeds too for a cell whose
+    #: grid seeds' final errors differ by more than ``pp`` percentage points (or where
+    #: one diverged and another did not); see :func:`dana.experiments.sweep.more_seeds`.
+    more_seeds: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "sweep spec") -> SweepSpec:
@@ -76,13 +80,14 @@ class SweepSpec:
         baseline = values.pop("baseline", DEFAULT_BASELINE)
         description = values.pop("description", "")
         also_values = values.pop("also", None) or []
+        more_seeds = values.pop("more_seeds", None) or {}
         if not isinstance(also_values, list) or not all(isinstance(g, dict) for g in also_values):
             raise ConfigError(f"{source}: 'also' must be a list of grids (option: [values])")
         values.pop("dana_version", None)
         fixed = {canonical_key(k): v for k, v in values.items()}
         grid = _grid(grid_values)
         also = [_grid(g) for g in also_values]
-        spec = cls(fixed, grid, str(baseline), str(description), also)
+        spec = cls(fixed, grid, str(baseline), str(description), also, dict(more_seeds))
         spec.check(source)
         return spec
 
@@ -109,6 +114,21 @@ class SweepSpec:
                 raise ConfigError(
                     f"{source}: unknown {where}(s) {', '.join(unknown)}; valid: "
                     f"{', '.join(sorted(names))}"
+                )
+        if self.more_seeds:
+            spread, seeds = self.more_seeds.get("above_spread"), self.more_seeds.get("seeds")
+            if (
+                set(self.more_seeds) != {"above_spread", "seeds"}
+                or isinstance(spread, bool)
+                or not isinstance(spread, int | float)
+                or not spread >= 0
+                or not isinstance(seeds, list)
+                or not seeds
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds)
+            ):
+                raise ConfigError(
+                    f"{source}: more_seeds must be {{above_spread: PP, seeds: [N, ...]}} "
+                    f"(a spread in percentage points >= 0, integer seeds), got {self.more_seeds!r}"
                 )
         for grid in (self.grid, *self.also):
             for key, vals in grid.items():

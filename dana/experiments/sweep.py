@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -89,6 +90,41 @@ def plan(spec: SweepSpec, out: SweepDir) -> list[Cell]:
     return cells
 
 
+def more_seeds(spec: SweepSpec, out: SweepDir, cells: list[Cell]) -> list[Cell]:
+    """The cells of ``spec.more_seeds`` now due: for every group of cells that differ
+    only in the seed and whose seeds have all finished, the extra seeds when their final
+    test errors spread by more than ``above_spread`` percentage points (max - min), or
+    when one diverged and another did not. Cells already in ``cells`` are not repeated.
+    """
+    if not spec.more_seeds:
+        return []
+    spread = float(spec.more_seeds["above_spread"]) / 100.0
+    groups: dict[str, list[Cell]] = {}
+    for cell in cells:
+        key = json.dumps({k: v for k, v in cell.options.items() if k != "seed"}, sort_keys=True)
+        groups.setdefault(key, []).append(cell)
+    names = {c.name for c in cells}
+    due: list[Cell] = []
+    for group in groups.values():
+        if len(group) < 2 or any(out.state(c) != FINISHED for c in group):
+            continue
+        summaries = [out.run_dir(c).read_summary() for c in group]
+        diverged = [bool(s.get("diverged")) for s in summaries]
+        errors = [float(s["final_test_error"]) for s, d in zip(summaries, diverged) if not d]
+        wide = (any(diverged) and not all(diverged)) or (
+            len(errors) > 1 and max(errors) - min(errors) > spread
+        )
+        if not wide:
+            continue
+        first = group[0]
+        for seed in spec.more_seeds["seeds"]:
+            name = re.sub(r"_s\d+(?=_|$)", f"_s{seed}", first.name, count=1)
+            if name not in names:
+                names.add(name)
+                due.append(Cell(name, {**first.options, "seed": seed}))
+    return due
+
+
 def run_sweep(
     spec: SweepSpec,
     out: str | Path,
@@ -142,6 +178,7 @@ class _Runner:
             f"{self.threads} torch thread(s) each"
         )
         pending: list[Cell] = []
+        self._more_seeds()
         for cell in self.cells:
             if self.sweep.state(cell) == FINISHED:
                 self.result.status[cell.name] = "skipped"
@@ -155,7 +192,8 @@ class _Runner:
             while pending or self.running:
                 while pending and len(self.running) < self.jobs:
                     self._start(pending.pop(0))
-                self._reap()
+                if self._reap():
+                    pending += self._more_seeds()
                 self._show()
                 if self.running:
                     time.sleep(POLL_SECONDS)
@@ -205,11 +243,26 @@ class _Runner:
         self.sweep.log(f"{mode} {cell.name} (pid {process.pid})")
         self._record()
 
-    def _reap(self) -> None:
+    def _more_seeds(self) -> list[Cell]:
+        """Cells of further seeds that finished runs have made due (``more_seeds``)."""
+        due = more_seeds(self.spec, self.sweep, self.cells)
+        for cell in due:
+            self.sweep.check_matches(cell, cell.config().to_dict())
+            self.cells.append(cell)
+            self.result.status[cell.name] = "pending"
+            self.sweep.log(f"add {cell.name}: its seeds' final errors differ widely")
+        if due and self.bar is not None:
+            self.bar.total = len(self.cells)
+        return due
+
+    def _reap(self) -> bool:
+        """Collect the cells that ended; True if any did."""
+        ended = False
         for name, job in list(self.running.items()):
             rc = job.process.poll()
             if rc is None:
                 continue
+            ended = True
             job.output.close()
             del self.running[name]
             seconds = time.monotonic() - job.started
@@ -226,6 +279,7 @@ class _Runner:
             if self.bar is not None:
                 self.bar.write(f"dana sweep: {message}", file=sys.stderr)
             self._record()
+        return ended
 
     def _stop_all(self) -> None:
         for job in self.running.values():
