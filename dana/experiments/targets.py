@@ -8,8 +8,8 @@ evaluations). A run that never reaches the target (or diverges first) has none.
 The speed-up of a row over SSGD at ``k`` workers is ``T_ssgd / T_row`` with ``T`` the
 mean time to target over the seeds; it is defined only when every seed of both reached
 the target. The reference is the plain ``ssgd`` row with the row's other settings, but
-``lr_scaling`` at its default: ``ssgd (lr_scaling=linear)`` is compared with ``ssgd``,
-as every other row is.
+``lr_scaling`` and ``algorithm_params`` at their defaults: ``ssgd (lr_scaling=linear)``
+is compared with ``ssgd``, as every other row is.
 
 Targets (:func:`choose_targets`): a stated one, or by default the one-worker baseline's
 mean final error + 0.5 and + 1 percentage points. A target the baseline reaches at its
@@ -159,11 +159,14 @@ def choose_targets(results: Results, target: float | None = None) -> list[Target
 
 def reference_row(results: Results, group: Group) -> str:
     """The label of the ``ssgd`` row a speed-up of ``group`` is measured against: the
-    group's settings with ``algorithm = ssgd`` and ``lr_scaling`` at its default."""
+    group's settings with ``algorithm = ssgd`` and the algorithm's own settings
+    (``lr_scaling``, ``algorithm_params``) at their defaults."""
+    defaults = TrainConfig()
     config = {
         **group.runs[0].config,
         "algorithm": "ssgd",
-        "lr_scaling": TrainConfig().lr_scaling,
+        "lr_scaling": defaults.lr_scaling,
+        "algorithm_params": defaults.algorithm_params,
     }
     return row_label(config, results.row_keys)
 
