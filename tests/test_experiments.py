@@ -231,8 +231,8 @@ def test_report_states_divergence_by_rule_and_speedup_over_ssgd(tmp_path):
     assert error_cell(results.group("nag-asgd", 4), 2) == "diverged"
     assert error_cell(results.group("multi-asgd", 4), 2) == "40.00 (1/2 diverged)"
     assert error_cell(results.group("dana-slim", 1), 2) == "20.00 ± 0.00"
-    report = build_report(tmp_path, target=None)
-    assert report.target == pytest.approx(0.2)  # the baseline's final error
+    report = build_report(tmp_path, target=0.2)  # the baseline's final error
+    assert report.target == pytest.approx(0.2)
     # at k=4, ssgd reaches 20% at its last row (sim_time 50), dana-slim at its second (25)
     assert "| 25 (2.00×) |" in report.markdown
     assert "| not reached (0/2) |" in report.markdown  # nag-asgd: both seeds diverged

@@ -3,21 +3,30 @@
 - ``error_curves.png``: test error against epochs, one panel per worker count, one line
   per algorithm (mean over seeds at each evaluation), the baseline dashed in each panel;
 - ``error_vs_workers.png``: final test error against k, one line per algorithm, the
-  baseline as a dashed line; an ``x`` at the top where every seed diverged;
+  baseline as a dashed line;
 - ``gap_vs_workers.png``: the mean gap against k (log scale);
-- ``speedup_vs_workers.png``: the speed-up over ssgd in simulated time to the target.
+- ``speedup_vs_workers.png``: per target, the speed-up over ssgd in simulated time to
+  it, and a grid of every cell's speed-up or why it has none.
+
+In the two plots against k, a value with a diverged seed is an ``x`` (at the top edge
+when every seed diverged), and the y-axis ends at a robust limit (:func:`robust_top`: a
+multiple of the largest per-k median of the values without a diverged seed), so that
+one absurd value cannot flatten the others: a value above it is a ``^`` at the top edge
+("off scale").
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from dana.atomic import atomic_path
 from dana.experiments.results import Group, Results
+from dana.experiments.targets import Target, speedup_cells
 
 
 def _pyplot():
@@ -90,24 +99,107 @@ def _legend_entries(axes) -> tuple[list, list]:
     return list(seen.values()), list(seen)
 
 
-def _by_workers(results: Results, value) -> dict[str, tuple[list[int], list[float], list[int]]]:
-    """Per row: worker counts with a value, the values, and worker counts all diverged."""
+#: The error plot's y-axis ends at this many times the largest per-k median of the
+#: plotted values (never above 100%).
+ERROR_CLIP_FACTOR = 10.0
+#: The gap plot's (log) y-axis ends at this many times the largest per-k median: a
+#: diverged run's gap (up to 1e13 and more) would otherwise flatten every other line.
+GAP_CLIP_FACTOR = 100.0
+DIVERGED_MARKER, OFF_SCALE_MARKER = "x", "^"
+
+
+@dataclass
+class Point:
+    """One (row, k) value of a plot against k; ``diverged``: a seed diverged."""
+
+    workers: int
+    value: float  # NaN: no value (every seed diverged)
+    diverged: bool
+
+
+def _points(results: Results, value) -> dict[str, list[Point]]:
+    """Per row, its points at the worker counts where it has a result (the baseline's
+    group aside); a point without a finite value is kept only when a seed diverged."""
     base = results.baseline()
-    out = {}
+    out: dict[str, list[Point]] = {}
     for row in results.rows:
-        ks, vals, diverged = [], [], []
+        points = []
         for k in results.workers:
             group = results.group(row, k)
             if group is None or group is base or not group.results:
                 continue
             v = value(group)
-            if math.isfinite(v):
-                ks.append(k)
-                vals.append(v)
-            elif group.diverged == len(group.results):
-                diverged.append(k)
-        out[row] = (ks, vals, diverged)
+            if math.isfinite(v) or group.diverged:
+                points.append(Point(k, v if math.isfinite(v) else math.nan, group.diverged > 0))
+        out[row] = points
     return out
+
+
+def robust_top(series: dict[str, list[Point]], factor: float, positive: bool = False) -> float:
+    """``factor`` times the largest per-k median of the finite values of points without
+    a diverged seed (only values > 0 when ``positive``, for a log axis); NaN if none."""
+    by_k: dict[int, list[float]] = defaultdict(list)
+    for points in series.values():
+        for p in points:
+            if not p.diverged and math.isfinite(p.value) and (p.value > 0 or not positive):
+                by_k[p.workers].append(p.value)
+    medians = [float(np.median(v)) for v in by_k.values()]
+    return factor * max(medians) if medians else math.nan
+
+
+def _draw_against_workers(ax, results: Results, series, top: float, log: bool) -> None:
+    """Lines of the ordinary points; diverged and off-scale points as markers of their
+    own, those without a value or above ``top`` drawn at the top edge."""
+    colors = _colors(results.rows)
+    values = [
+        p.value
+        for ps in series.values()
+        for p in ps
+        if math.isfinite(p.value) and (p.value > 0 or not log)
+    ]
+    shown = [v for v in values if not (v > top)]
+    edge = max(shown) if shown else (top if math.isfinite(top) else 1.0)
+    if any(v > top for v in values) or any(
+        not math.isfinite(p.value) for ps in series.values() for p in ps
+    ):
+        edge = edge * (2.0 if log else 1.08)
+    marked = {"diverged": False, "off scale": False}
+    for i, (row, points) in enumerate(series.items()):
+        plain = [p for p in points if not p.diverged and not p.value > top]
+        plain = [p for p in plain if math.isfinite(p.value) and (p.value > 0 or not log)]
+        x = _jitter([p.workers for p in plain], i, len(series))
+        label = row
+        if plain:
+            ax.plot(x, [p.value for p in plain], marker="o", color=colors[row], label=label)
+            label = None
+        for p in points:
+            if p in plain or (log and math.isfinite(p.value) and p.value <= 0):
+                continue
+            off = not math.isfinite(p.value) or p.value > top
+            marker = DIVERGED_MARKER if p.diverged else OFF_SCALE_MARKER
+            marked["diverged" if p.diverged else "off scale"] = True
+            (xj,) = _jitter([p.workers], i, len(series))
+            y = edge if off else p.value
+            ax.plot([xj], [y], marker, color=colors[row], ms=9, mew=2, label=label)
+            label = None
+    if log:
+        ax.set_yscale("log")
+    bottom, _ = ax.get_ylim()
+    ax.set_ylim(bottom, edge * (1.5 if log else 1.04))
+    if marked["diverged"]:
+        ax.plot(
+            [],
+            [],
+            DIVERGED_MARKER,
+            color="k",
+            ms=9,
+            mew=2,
+            label="diverged seed (at the top edge: off scale or no value)",
+        )
+    if marked["off scale"]:
+        ax.plot(
+            [], [], OFF_SCALE_MARKER, color="k", ms=9, mew=2, label="off scale (at the top edge)"
+        )
 
 
 def _jitter(ks: list[int], index: int, count: int) -> list[float]:
@@ -127,69 +219,137 @@ def _workers_axis(ax, results: Results) -> None:
     ax.grid(alpha=0.3)
 
 
-def plot_error_vs_workers(results: Results, path: Path) -> Path:
+def error_vs_workers_figure(results: Results):
+    """The figure of ``error_vs_workers.png`` (its axes: ``fig.axes[0]``)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = _colors(results.rows)
-    series = _by_workers(
+    series = _points(
         results, lambda g: 100 * float(np.mean(g.errors())) if len(g.errors()) else math.nan
     )
-    top = max([v for ks, vals, _ in series.values() for v in vals] + [10.0]) * 1.05
-    for i, (row, (ks, vals, diverged)) in enumerate(series.items()):
-        ax.plot(_jitter(ks, i, len(series)), vals, marker="o", color=colors[row], label=row)
-        if diverged:
-            x = _jitter(diverged, i, len(series))
-            ax.plot(x, [top] * len(diverged), "x", color=colors[row], ms=9)
+    top = min(100.0, robust_top(series, ERROR_CLIP_FACTOR))
+    _draw_against_workers(ax, results, series, top if math.isfinite(top) else 100.0, log=False)
     base = results.baseline()
     if base is not None and len(base.errors()):
         ax.axhline(100 * base.errors().mean(), color="k", ls="--", lw=1, label="baseline k=1")
-    ax.set(ylabel="final test error (%)", title="final test error (x at top: diverged)")
+    ax.set(ylabel="final test error (%)", title="final test error (mean over seeds)")
     _workers_axis(ax, results)
     _legend_outside(ax)
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
 
 
-def plot_gap_vs_workers(results: Results, path: Path) -> Path:
+def plot_error_vs_workers(results: Results, path: Path) -> Path:
+    return _save(error_vs_workers_figure(results), path)
+
+
+def gap_vs_workers_figure(results: Results):
+    """The figure of ``gap_vs_workers.png`` (its axes: ``fig.axes[0]``)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = _colors(results.rows)
-    series = _by_workers(results, lambda g: float(g.gaps().mean()) if len(g.gaps()) else math.nan)
-    for i, (row, (ks, vals, _)) in enumerate(series.items()):
-        ax.plot(_jitter(ks, i, len(series)), vals, marker="o", color=colors[row], label=row)
-    ax.set_yscale("log")
+    series = _points(results, lambda g: float(g.gaps().mean()) if len(g.gaps()) else math.nan)
+    top = robust_top(series, GAP_CLIP_FACTOR, positive=True)
+    _draw_against_workers(ax, results, series, top if math.isfinite(top) else math.inf, log=True)
     ax.set(ylabel="mean gap RMS(theta - p_i)", title="mean gap (ssgd: 0, not shown)")
     _workers_axis(ax, results)
     _legend_outside(ax)
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
 
 
-def plot_speedups(
-    results: Results, speedups: dict[str, dict[int, float]], target: float, path: Path
-) -> Path:
+def plot_gap_vs_workers(results: Results, path: Path) -> Path:
+    return _save(gap_vs_workers_figure(results), path)
+
+
+def speedups_figure(results: Results, targets: list[Target]):
+    """The figure of ``speedup_vs_workers.png``: per target a panel of the speed-up over
+    SSGD against k and under it a grid (row x k) giving each cell's speed-up or why it
+    has none; a target not used says why instead."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = _colors(results.rows)
-    for row in results.rows:
-        points = sorted(speedups.get(row, {}).items())
-        if points:
-            ax.plot(*zip(*points), marker="o", color=colors[row], label=row)
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set(
-        ylabel="speed-up over ssgd (simulated time)",
-        title=f"speed-up to {100 * target:.2f}% test error",
+    rows = [r for r in results.rows if any(k > 1 for rr, k in results.groups if rr == r)]
+    workers = [k for k in results.workers if k > 1] or results.workers
+    height = 0.28 * max(len(rows), 1) + 0.8
+    fig, axes = plt.subplots(
+        2,
+        len(targets),
+        figsize=(6.5 * len(targets), 4.2 + height),
+        squeeze=False,
+        gridspec_kw={"height_ratios": [4.2, height]},
     )
-    _workers_axis(ax, results)
-    if ax.get_legend_handles_labels()[0]:
-        _legend_outside(ax)
-    else:
-        ax.text(
-            0.5,
-            0.5,
-            "no algorithm and ssgd both reached the target",
-            ha="center",
-            transform=ax.transAxes,
-        )
+    colors = _colors(results.rows)
+    for column, target in enumerate(targets):
+        ax, grid = axes[0, column], axes[1, column]
+        title = f"speed-up over ssgd to {100 * target.value:.2f}% test error"
+        ax.set(ylabel="speed-up over ssgd (simulated time)", title=title)
+        _workers_axis(ax, results)
+        ax.set_xticks(workers, [str(k) for k in workers])
+        ax.set_xlim(min(workers) / 1.5, max(workers) * 1.5)
+        grid.axis("off")
+        if target.skip is not None:
+            ax.text(
+                0.5,
+                0.5,
+                "not used: the baseline reaches it\nat its first evaluation",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+            )
+            continue
+        cells = speedup_cells(results, target.value)
+        for row in rows:
+            points = sorted((k, up) for (r, k), (up, _) in cells.items() if r == row and up)
+            if points:
+                ax.plot(*zip(*points), marker="o", color=colors[row], label=row)
+        ax.axhline(1.0, color="k", lw=0.8)
+        if not ax.get_lines()[:-1]:
+            ax.text(
+                0.5,
+                0.5,
+                "no algorithm and ssgd both reached the target",
+                ha="center",
+                transform=ax.transAxes,
+            )
+        _speedup_grid(grid, rows, workers, cells, colors)
+    handles, labels = _legend_entries(axes[0:1])
+    if handles:
+        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
+
+
+def _speedup_grid(ax, rows: list[str], workers: list[int], cells, colors) -> None:
+    """Text grid: one line per row, one column per k, the speed-up or why there is none."""
+    n = len(rows)
+    ax.axis("on")
+    ax.set_xscale("log", base=2)  # the columns line up with the panel's k above
+    ax.set_xlim(min(workers) / 1.5, max(workers) * 1.5)
+    ax.set_ylim(n - 0.5, -1.5)
+    ax.set_xticks([])
+    ax.set_xticks([], minor=True)
+    ax.set_yticks(range(n), rows, fontsize=7)
+    for tick, row in zip(ax.get_yticklabels(), rows):
+        tick.set_color(colors[row])
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.tick_params(length=0)
+    for k in workers:
+        ax.text(k, -1, f"k={k}", ha="center", va="center", fontsize=7, weight="bold")
+        for i, row in enumerate(rows):
+            if (row, k) not in cells:
+                text, style = "—", "normal"
+            else:
+                up, why = cells[(row, k)]
+                text, style = (f"{up:.2f}×", "normal") if up is not None else (why, "italic")
+            ax.text(
+                k,
+                i,
+                text,
+                ha="center",
+                va="center",
+                fontsize=7,
+                style=style,
+                color="0.45" if style == "italic" else "k",
+            )
+
+
+def plot_speedups(results: Results, targets: list[Target], path: Path) -> Path:
+    return _save(speedups_figure(results, targets), path)

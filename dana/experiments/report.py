@@ -2,7 +2,9 @@
 
 Reads the runs' ``config.json``, ``metrics.csv`` and ``summary.json`` (no retraining) and
 writes ``report.md`` and the PNGs of :mod:`dana.experiments.plots` into the output
-directory (``DIR`` by default).
+directory (``DIR`` by default). The report opens, after the protocol, with the claim at a
+glance (:mod:`dana.experiments.glance`), then the final-error and gap tables, then the
+time to each target and the speed-up over SSGD (:mod:`dana.experiments.targets`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from dana.atomic import write_text_atomic
 from dana.experiments import plots
+from dana.experiments.glance import GLANCE_RULE, glance_sentences, glance_table
 from dana.experiments.results import Results, load_results, sweep_record
 from dana.experiments.table import (
     ERROR_RULE,
@@ -21,7 +24,13 @@ from dana.experiments.table import (
     speedups,
     time_table,
 )
-from dana.experiments.targets import TARGET_RULE
+from dana.experiments.targets import (
+    FIRST_EVALUATION_RULE,
+    REFERENCE_RULE,
+    TARGET_RULE,
+    Target,
+    choose_targets,
+)
 
 #: Settings listed in the report's protocol line, in this order, when shared by all runs.
 PROTOCOL_KEYS = (
@@ -45,24 +54,14 @@ PROTOCOL_KEYS = (
 
 @dataclass
 class Report:
-    """The report's text, its main table, the target used, and the files written."""
+    """The report's text, its main table, the targets (the first one used as ``target``,
+    None when none is), and the files written."""
 
     markdown: str
     error_table: str
     target: float | None
     files: list[Path] = field(default_factory=list)
-
-
-def choose_target(results: Results, target: float | None) -> tuple[float | None, str]:
-    """The target error (a fraction) and how it was chosen: ``target`` if given, else
-    the one-worker baseline's mean final error."""
-    if target is not None:
-        return target, f"the stated target {100 * target:.2f}% test error"
-    base = results.baseline()
-    if base is not None and len(base.errors()):
-        value = float(base.errors().mean())
-        return value, f"the one-worker baseline's final test error, {100 * value:.2f}%"
-    return None, "no target: there is no finished one-worker baseline; pass --target"
+    targets: list[Target] = field(default_factory=list)
 
 
 def build_report(
@@ -72,7 +71,10 @@ def build_report(
     target: float | None = None,
     baseline: str | None = None,
 ) -> Report:
-    """Read the results under ``path`` and write report.md and the plots into ``out``."""
+    """Read the results under ``path`` and write report.md and the plots into ``out``.
+
+    Time to target: ``target`` (a fraction) if given, else the baseline's final error
+    + 0.5 pp and + 1 pp (:func:`~dana.experiments.targets.choose_targets`)."""
     results = load_results(path, baseline)
     out = Path(out) if out is not None else Path(path)
     files = [
@@ -80,24 +82,18 @@ def build_report(
         plots.plot_error_vs_workers(results, out / "error_vs_workers.png"),
         plots.plot_gap_vs_workers(results, out / "gap_vs_workers.png"),
     ]
-    target, target_text = choose_target(results, target)
-    ups = speedups(results, target) if target is not None else {}
-    if target is not None:
-        files.append(plots.plot_speedups(results, ups, target, out / "speedup_vs_workers.png"))
+    targets = choose_targets(results, target)
+    if targets:
+        files.append(plots.plot_speedups(results, targets, out / "speedup_vs_workers.png"))
     table = error_table(results)
-    text = _markdown(results, table, target, target_text, ups)
+    text = _markdown(results, table, targets)
     report_file = out / "report.md"
     write_text_atomic(report_file, text)
-    return Report(text, table, target, [report_file, *files])
+    used = next((t.value for t in targets if t.skip is None), None)
+    return Report(text, table, used, [report_file, *files], targets)
 
 
-def _markdown(
-    results: Results,
-    table: str,
-    target: float | None,
-    target_text: str,
-    ups: dict[str, dict[int, float]],
-) -> str:
+def _markdown(results: Results, table: str, targets: list[Target]) -> str:
     record = sweep_record(results.path)
     counts = {s: sum(1 for r in results.runs if r.status == s) for s in _STATUSES}
     lines = [f"# Report: {results.path.name}", ""]
@@ -116,6 +112,7 @@ def _markdown(
             f"Settings that vary besides algorithm, k and seed: {', '.join(results.row_keys)}.",
             "",
         ]
+    lines += _glance(results)
     lines += [
         "## Final test error (%)",
         "",
@@ -140,22 +137,57 @@ def _markdown(
         "",
         "## Time to target and speed-up over SSGD",
         "",
-        f"Target: {target_text}. {TARGET_RULE}",
+        f"{TARGET_RULE} {FIRST_EVALUATION_RULE} {REFERENCE_RULE}",
         "",
     ]
-    if target is not None:
+    if not targets:
+        lines += ["No target: there is no finished one-worker baseline; pass --target.", ""]
+    for number, t in enumerate(targets, 1):
+        heading = f"### Target {number}: " if len(targets) > 1 else "Target: "
+        lines += [heading + t.text + ("" if len(targets) > 1 else "."), ""]
+        if t.skip is not None:
+            lines += [t.skip, ""]
+            continue
         lines += [
             "Simulated time to the target (mean over seeds), and in brackets the speed-up "
             "over ssgd at the same k (T_ssgd / T):",
             "",
-            time_table(results, target),
-            "",
-            "![speed-up vs workers](speedup_vs_workers.png)",
+            time_table(results, t.value),
             "",
         ]
+        ups = speedups(results, t.value)
         if not any(k > 1 and row != "ssgd" for row, by_k in ups.items() for k in by_k):
             lines += ["No algorithm and ssgd both reached the target at the same k.", ""]
+    if targets:
+        lines += [
+            "![speed-up vs workers](speedup_vs_workers.png)",
+            "",
+            "The speed-up plot has one panel per target; the grid under each gives every "
+            "cell's speed-up or why it has none (`not reached`, `diverged`, `no ssgd`, "
+            "`ssgd not reached`, `pending`).",
+            "",
+        ]
     return "\n".join(lines)
+
+
+def _glance(results: Results) -> list[str]:
+    """The section "The claim at a glance" (:mod:`dana.experiments.glance`)."""
+    table = glance_table(results)
+    lines = ["## The claim at a glance", ""]
+    if not table:
+        if results.baseline() is None or not len(results.baseline().errors()):
+            return lines + ["No finished one-worker baseline to compare with.", ""]
+        return lines + ["No runs with k > 1 to compare with the baseline.", ""]
+    lines += [
+        "Final test error minus the one-worker baseline's, in percentage points "
+        "(positive: worse than the baseline):",
+        "",
+        table,
+        "",
+        GLANCE_RULE,
+        "",
+    ]
+    return lines + [f"- {sentence}" for sentence in glance_sentences(results)] + [""]
 
 
 def _baseline_text(results: Results) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dana.experiments.results import Group, Results
-from dana.experiments.targets import group_time, speedup
+from dana.experiments.targets import group_time, reference_row, speedup_cell, speedup_cells
 
 #: The rule of the error table, as the report states it.
 ERROR_RULE = (
@@ -116,7 +116,9 @@ def gap_table(results: Results) -> str:
 
 
 def time_table(results: Results, target: float) -> str:
-    """Simulated time to ``target`` error and the speed-up over ssgd at the same k."""
+    """Simulated time to ``target`` error and, in brackets, the speed-up over the plain
+    ``ssgd`` row at the same k (:func:`~dana.experiments.targets.reference_row`) or why
+    there is none (``no ssgd``, ``ssgd not reached``)."""
 
     def cell(group: Group | None, seeds: int) -> str:
         if group is None:
@@ -126,25 +128,18 @@ def time_table(results: Results, target: float) -> str:
             return "pending"
         if time is None:
             return f"not reached ({reached}/{n})"
-        ssgd = results.group(_with_algorithm(group.row, "ssgd"), group.workers)
-        up = speedup(group_time(ssgd, target)[0], time) if ssgd is not None else None
-        return f"{time:.4g}" + (f" ({up:.2f}×)" if up is not None and ssgd is not group else "")
+        if group.workers == 1 or reference_row(results, group) == group.row:
+            return f"{time:.4g}"  # the baseline, or ssgd itself
+        up, why = speedup_cell(results, group, target)
+        return f"{time:.4g} ({up:.2f}×)" if up is not None else f"{time:.4g} ({why})"
 
     return markdown_table(results, cell)
-
-
-def _with_algorithm(row: str, algorithm: str) -> str:
-    """The row label of ``algorithm`` with the same other settings as ``row``."""
-    head, sep, rest = row.partition(" ")
-    return algorithm + sep + rest
 
 
 def speedups(results: Results, target: float) -> dict[str, dict[int, float]]:
     """Speed-up over ssgd per row and worker count, where both reached the target."""
     out: dict[str, dict[int, float]] = {}
-    for (row, k), group in results.groups.items():
-        ssgd = results.group(_with_algorithm(row, "ssgd"), k)
-        up = speedup(group_time(ssgd, target)[0], group_time(group, target)[0])
+    for (row, k), (up, _) in speedup_cells(results, target).items():
         if up is not None:
             out.setdefault(row, {})[k] = up
     return out

@@ -5,17 +5,52 @@ or below the target, with the time linearly interpolated in ``sim_time`` between
 evaluation and the one before it (the error is taken to fall linearly between two
 evaluations). A run that never reaches the target (or diverges first) has none.
 
-The speed-up of an algorithm over ``ssgd`` at ``k`` workers is ``T_ssgd / T_algorithm``
-with ``T`` the mean time to target over the seeds; it is defined only when every seed of
-both reached the target.
+The speed-up of a row over SSGD at ``k`` workers is ``T_ssgd / T_row`` with ``T`` the
+mean time to target over the seeds; it is defined only when every seed of both reached
+the target. The reference is the plain ``ssgd`` row with the row's other settings, but
+``lr_scaling`` and ``algorithm_params`` at their defaults: ``ssgd (lr_scaling=linear)``
+is compared with ``ssgd``, as every other row is.
+
+Targets (:func:`choose_targets`): a stated one, or by default the one-worker baseline's
+mean final error + 0.5 and + 1 percentage points. A target the baseline reaches at its
+first evaluation after the start is not used: the time to it would measure the first
+evaluation interval, not the training.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from dana.experiments.results import Group
+from dana.experiments.results import Group, Results, row_label
+from dana.train.config import TrainConfig
+
+#: The default targets: the baseline's mean final error plus these percentage points.
+NEAR_BASELINE_PP = (0.5, 1.0)
+
+#: The first-evaluation rule, as the report states it.
+FIRST_EVALUATION_RULE = (
+    "A target that a seed of the one-worker baseline reaches at its first evaluation "
+    "after the start (the first metrics row with updates > 0) is not used: the time to "
+    "it would measure the evaluation interval, not the training."
+)
+
+#: The speed-up's reference, as the report states it.
+REFERENCE_RULE = (
+    "The speed-up of a row is over the plain `ssgd` row at the same k (same other "
+    "settings, the learning rate not scaled), so `ssgd (lr_scaling=linear)` is compared "
+    "with `ssgd` too."
+)
+
+#: Why a row has no speed-up at a k (the speed-up plot writes these in its cells).
+NOT_REACHED, DIVERGED, NO_SSGD, SSGD_NOT_REACHED, PENDING = (
+    "not reached",
+    "diverged",
+    "no ssgd",
+    "ssgd not reached",
+    "pending",
+)
 
 #: The rule, as the report states it.
 TARGET_RULE = (
@@ -58,6 +93,114 @@ def group_time(group: Group | None, target: float) -> tuple[float | None, int, i
     reached = [t for t in times if t is not None]
     mean = sum(reached) / len(reached) if reached and len(reached) == len(times) else None
     return mean, len(reached), len(times)
+
+
+def first_evaluation(rows: Sequence[dict[str, float]]) -> dict[str, float] | None:
+    """The first metrics row after the start (``updates > 0``), or None."""
+    for row in rows:
+        if row.get("updates", 0) > 0:
+            return row
+    return None
+
+
+def passed_at_first_evaluation(group: Group, target: float) -> dict[str, float] | None:
+    """The first evaluation after the start of a seed of ``group`` that is at or below
+    ``target`` (the earliest such row among the seeds), or None when no seed is there."""
+    hits = []
+    for run in group.runs:
+        row = first_evaluation(run.metrics)
+        if row is not None and math.isfinite(row["test_error"]) and row["test_error"] <= target:
+            hits.append(row)
+    return min(hits, key=lambda r: r["test_error"]) if hits else None
+
+
+@dataclass
+class Target:
+    """A time-to-target target: its value (a fraction), how it was chosen, and why it is
+    not used (``skip``), if it is not."""
+
+    value: float
+    text: str
+    skip: str | None = None
+
+
+def choose_targets(results: Results, target: float | None = None) -> list[Target]:
+    """``target`` if given, else the baseline's mean final error + each of
+    :data:`NEAR_BASELINE_PP`; each checked against the first-evaluation rule."""
+    base = results.baseline()
+    have_base = base is not None and len(base.errors()) > 0
+    if target is not None:
+        targets = [Target(target, f"the stated target {100 * target:.2f}% test error")]
+    elif have_base:
+        error = float(base.errors().mean())
+        targets = [
+            Target(
+                error + pp / 100,
+                f"the one-worker baseline's final test error + {pp:g} pp = "
+                f"{100 * error:.2f}% + {pp:g} pp = {100 * error + pp:.2f}%",
+            )
+            for pp in NEAR_BASELINE_PP
+        ]
+    else:
+        return []
+    if base is not None:
+        for t in targets:
+            row = passed_at_first_evaluation(base, t.value)
+            if row is not None:
+                t.skip = (
+                    f"Not used: the one-worker baseline is at {100 * row['test_error']:.2f}% "
+                    f"already at its first evaluation after the start (epoch "
+                    f"{row['epoch']:g}, {int(row['updates'])} updates), at or below "
+                    f"{100 * t.value:.2f}%; a time to it would measure the evaluation "
+                    "interval, not the training."
+                )
+    return targets
+
+
+def reference_row(results: Results, group: Group) -> str:
+    """The label of the ``ssgd`` row a speed-up of ``group`` is measured against: the
+    group's settings with ``algorithm = ssgd`` and the algorithm's own settings
+    (``lr_scaling``, ``algorithm_params``) at their defaults."""
+    defaults = TrainConfig()
+    config = {
+        **group.runs[0].config,
+        "algorithm": "ssgd",
+        "lr_scaling": defaults.lr_scaling,
+        "algorithm_params": defaults.algorithm_params,
+    }
+    return row_label(config, results.row_keys)
+
+
+def speedup_cell(results: Results, group: Group, target: float) -> tuple[float | None, str]:
+    """(speed-up over SSGD, "") or (None, why there is none): :data:`PENDING` (no result
+    yet), :data:`DIVERGED` (every seed that missed the target diverged),
+    :data:`NOT_REACHED`, :data:`NO_SSGD` (no reference row at this k) or
+    :data:`SSGD_NOT_REACHED`."""
+    if not group.results:
+        return None, PENDING
+    time = group_time(group, target)[0]
+    if time is None:
+        missed = [r for r in group.results if time_to_target(r.metrics, target) is None]
+        return None, DIVERGED if all(r.status == "diverged" for r in missed) else NOT_REACHED
+    reference = results.group(reference_row(results, group), group.workers)
+    if reference is None or not reference.results:
+        return None, NO_SSGD
+    reference_time = group_time(reference, target)[0]
+    if reference_time is None:
+        return None, SSGD_NOT_REACHED
+    return speedup(reference_time, max(time, 1e-300)), ""
+
+
+def speedup_cells(
+    results: Results, target: float
+) -> dict[tuple[str, int], tuple[float | None, str]]:
+    """:func:`speedup_cell` of every group with k > 1 (the baseline aside)."""
+    base = results.baseline()
+    return {
+        key: speedup_cell(results, group, target)
+        for key, group in results.groups.items()
+        if key[1] > 1 and group is not base
+    }
 
 
 def speedup(reference: float | None, time: float | None) -> float | None:
