@@ -49,7 +49,6 @@ Example::
     >>> import torch, dana
     >>> from dana.sim import Simulator
     >>> from dana.train.batches import BatchStream
-from dana.train.schedule import schedule_epoch
     >>> A = torch.randn(64, 5, generator=torch.Generator().manual_seed(0))
     >>> def gradient(p, rows):  # least squares 0.5*|A p - 1|^2 / n on a batch of rows
     ...     r = A[rows] @ p - 1
