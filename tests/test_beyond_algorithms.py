@@ -194,7 +194,8 @@ def test_local_rules_with_one_local_step_are_their_single_step_rules():
     problem = make_least_squares()
     order, batches = events(3, 120, seed=6)
     for local, single in (("local-sgd", "multi-asgd"), ("local-nesterov", "nag-asgd")):
-        a = drive(A.build(local, momentum=0.9, local_steps=1), 3, problem, order, batches)
+        algo = A.build(local, momentum=0.9, local_steps=1, outer_lr=1.0)
+        a = drive(algo, 3, problem, order, batches)
         b = drive(A.build(single, momentum=0.9), 3, problem, order, batches)
         assert_same(a[2], b[2])
 
@@ -203,7 +204,8 @@ def test_local_nesterov_is_delayed_nesterov_with_period_one_and_torch_nesterov()
     problem = make_least_squares()
     order, batches = events(3, 90)
     a = drive(A.build("local-nesterov", local_steps=3), 3, problem, order, batches)
-    b = drive(A.build("local-dn", local_steps=3, period=1, c=0.7), 3, problem, order, batches)
+    dn = A.build("local-dn", local_steps=3, period=1, c=0.7, outer_lr=0.7)  # c: no effect
+    b = drive(dn, 3, problem, order, batches)
     assert_same(a[2], b[2], tol=0)
     # H = 1, no inner momentum, one worker: outer Nesterov on lr*g is Nesterov SGD
     order, batches = events(1, 30)
@@ -478,7 +480,8 @@ def test_local_sgd_trains_on_ray_with_two_shards(tmp_path):
         epochs=2.0,
         algorithm_params={"local_steps": 4},
     )
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR)
+    # one logical CPU per actor (2 shards, 2 workers); they share the cores there are
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.ERROR)
     try:
         runner = run_on_ray(config, tmp_path / "run")
     finally:

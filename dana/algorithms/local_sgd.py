@@ -24,8 +24,9 @@ in DANA; both at 0.9 compound and diverge).
   master follows the worker: it is the inner optimizer run alone, for any ``H``; with
   ``H = 1`` it is ``multi-asgd`` (the momenta in the workers).
 - ``local-nesterov``: DiLoCo's outer Nesterov, ``v = mu*v + Delta;
-  theta -= outer_lr*(Delta + mu*v)`` (``torch.optim.SGD(nesterov=True)``); with
-  ``H = 1`` and plain inner SGD its pulls are ``nag-asgd``'s.
+  theta -= outer_lr*(Delta + mu*v)`` (``torch.optim.SGD(nesterov=True)``), with
+  DiLoCo's ``outer_lr = 0.7`` (the other rules: 1); with ``H = 1``, plain inner SGD and
+  ``outer_lr = 1`` its pulls are ``nag-asgd``'s.
 - ``local-dn``: Delayed Nesterov (the paper's; the reference implementation is
   utnslab/halos, ``src/halos/opt.py``): the outer momentum is updated only every ``N``
   pushes, ``v = mu*v + (sum of those N Deltas)/N``, and each push applies
@@ -328,13 +329,29 @@ class OuterMomentumAlgorithm(LocalAlgorithm):
 
 
 class LocalNesterov(OuterMomentumAlgorithm):
-    """Asynchronous Local-SGD with DiLoCo's outer Nesterov momentum."""
+    """Asynchronous Local-SGD with DiLoCo's outer Nesterov momentum (``outer_lr = 0.7``)."""
 
     name = "local-nesterov"
-    summary = "async Local-SGD with an outer Nesterov momentum step (DiLoCo's outer optimizer)"
+    summary = "async Local-SGD with DiLoCo's outer Nesterov step (outer_lr 0.7, mu 0.9)"
     master_rule = DelayedNesterovMaster
     outer_keys = ("outer_lr", "momentum", "period", "c")
     period, c = 1, 0.0
+
+    def __init__(
+        self,
+        momentum: float = 0.9,
+        local_steps: int = 10,
+        inner: str = "sgd",
+        inner_momentum: float = 0.0,
+        outer_lr: float = 0.7,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+        inner_decay: float = 0.0,
+    ):
+        super().__init__(
+            momentum, local_steps, inner, inner_momentum, outer_lr, beta1, beta2, eps, inner_decay
+        )
 
 
 class LocalDelayedNesterov(OuterMomentumAlgorithm):
