@@ -175,6 +175,14 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
     config = long[1].config()
     assert (config.train_size, config.epochs, config.warmup_epochs) == (30000, 40, 5)
     assert config.lr_decay_epochs == [20, 30]
+    beyond = expand(load_preset("fashion-beyond"))
+    assert {c.workers for c in beyond} == {16, 64} and {c.seed for c in beyond} == {0, 1}
+    assert len(beyond) == 2 * 2 * len({c.algorithm for c in beyond}) == 52
+    assert {"dana-slim", "dana-ga", "gap-aware", "dana-local", "ormo", "smega2"} <= {
+        c.algorithm for c in beyond
+    }
+    fixed = {k: v for k, v in load_preset("fashion-long").fixed.items() if k != "description"}
+    assert {k: load_preset("fashion-beyond").fixed.get(k) for k in fixed} == fixed
     full = expand(load_preset("fashion-full"))
     assert {1, 4, 8, 16, 32, 64} <= {c.workers for c in full}
     assert len({c.seed for c in full}) >= 2

@@ -19,9 +19,14 @@ from dana.algorithms.base import Algorithm, MasterRule, WorkerRule
 from dana.algorithms.dana import DanaDc, DanaGa, DanaSlim, DanaZero
 from dana.algorithms.dana_easgd import DanaEasgd
 from dana.algorithms.dc_asgd import DcAsgd
+from dana.algorithms.delay import DelayAdaptiveAsgd, RingmasterAsgd
 from dana.algorithms.easgd import Eamsgd, Easgd
 from dana.algorithms.gap_aware import GapAware
+from dana.algorithms.local_sgd import DanaLocal, LocalDelayedNesterov, LocalNesterov, LocalSgd
+from dana.algorithms.lwp import LwpAsgd
+from dana.algorithms.ormo import OrMo, OrMoDa
 from dana.algorithms.sa_asgd import SaAsgd
+from dana.algorithms.smega2 import Smega2
 from dana.algorithms.ssgd import Ssgd
 from dana.algorithms.yellowfin import YellowFin, YellowFinClosedLoop
 
@@ -44,6 +49,16 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
         Easgd,
         Eamsgd,
         DanaEasgd,
+        LocalSgd,
+        LocalNesterov,
+        LocalDelayedNesterov,
+        DanaLocal,
+        OrMo,
+        OrMoDa,
+        Smega2,
+        RingmasterAsgd,
+        DelayAdaptiveAsgd,
+        LwpAsgd,
     )
 }
 

@@ -1,0 +1,393 @@
+"""Asynchronous Local-SGD: ``H`` local steps per push, and an outer optimizer at the master.
+
+Liu, Chhaparia, Douillard, Kale, Rusu, Shen, Szlam, Ranzato, "Asynchronous Local-SGD
+Training for Language Modeling" (2024); DiLoCo: Douillard et al., "DiLoCo: Distributed
+Low-Communication Training of Language Models" (2023). Each worker starts a cycle from
+the parameters ``p`` it pulled, takes ``H = local_steps`` steps of its inner optimizer on
+its own copy ``x_i`` and pushes the outer gradient ``Delta = p - x_i``; the master
+applies it with an outer optimizer at its own constant rate ``outer_lr`` (the runner's
+scheduled ``lr`` is the inner rate).
+
+Inner optimizers (the worker's state persists across cycles, as in DiLoCo):
+``inner="sgd"``: ``u_i = m_in*u_i + g; x_i -= lr*u_i`` (``torch.optim.SGD``; plain SGD
+when ``m_in = 0``); ``inner="adamw"``: ``torch.optim.AdamW`` with ``beta1``, ``beta2``,
+``eps`` and bias correction over the worker's own steps. Both apply the decoupled decay
+``x_i *= 1 - lr*inner_decay`` (default 0); the runner's ``--weight-decay`` still comes in
+the gradient, as for every rule.
+
+Outer optimizers (one registry name each). ``momentum`` is the method's momentum: the
+inner one for ``local-sgd``, which has no outer momentum; the outer ``mu`` for the others,
+whose inner momentum ``inner_momentum`` defaults to 0 (the momentum is the master's, as
+in DANA; both at 0.9 compound and diverge).
+
+- ``local-sgd``: ``theta -= outer_lr*Delta``. With one worker and ``outer_lr = 1`` the
+  master follows the worker: it is the inner optimizer run alone, for any ``H``; with
+  ``H = 1`` it is ``multi-asgd`` (the momenta in the workers).
+- ``local-nesterov``: DiLoCo's outer Nesterov, ``v = mu*v + Delta;
+  theta -= outer_lr*(Delta + mu*v)`` (``torch.optim.SGD(nesterov=True)``), with
+  DiLoCo's ``outer_lr = 0.7`` (the other rules: 1); with ``H = 1``, plain inner SGD and
+  ``outer_lr = 1`` its pulls are ``nag-asgd``'s.
+- ``local-dn``: Delayed Nesterov (the paper's; the reference implementation is
+  utnslab/halos, ``src/halos/opt.py``): the outer momentum is updated only every ``N``
+  pushes, ``v = mu*v + (sum of those N Deltas)/N``, and each push applies
+  ``outer_lr*(c*mu*v + Delta/N)`` (at the ``N``-th: ``outer_lr*((1 - c*N + c)*mu*v +
+  Delta/N)``, after the update). ``N = period`` defaults to ``k``; ``N = 1`` is
+  ``local-nesterov``.
+- ``dana-local``: DANA on the outer step (derivation in docs/ALGORITHMS.md): a momentum
+  ``v_j`` per worker, ``v_i = mu*v_i + Delta; theta -= outer_lr*v_i``, and a pull sends
+  ``theta - outer_lr*mu*sum_j v_j``, where the outer momenta will have taken the master
+  when the worker's outer gradient lands. With ``H = 1``, plain inner SGD,
+  ``outer_lr = 1`` and a constant ``lr`` it is ``dana-zero`` (the outer gradient is
+  ``lr*g``).
+
+A push of ``H`` local steps costs ``H`` gradient computations and consumes ``H`` batches
+in every runner: the ``H - 1`` steps before it are local steps of the worker rule
+(:meth:`~dana.algorithms.base.WorkerRule.message` returns ``None``), which the simulator
+and the Ray workers count and time like any computation.
+
+Example::
+
+    >>> import torch, dana.algorithms as A
+    >>> algo = A.build("local-sgd", momentum=0.0, local_steps=2)
+    >>> master, workers = algo.master(torch.zeros(1), 1), algo.worker(1, 1)
+    >>> pulled = master.pull(0, 0.1, torch.empty(1))
+    >>> workers.set_lr(0.1)
+    >>> for g in (1.0, 2.0):
+    ...     x = workers.compute_at(0, pulled)
+    ...     delta = workers.message(0, torch.tensor([g]))
+    >>> delta, master.push(0, delta, 0.1), master.theta  # two steps: -0.1 - 0.2
+    (tensor([0.3000]), True, tensor([-0.3000]))
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from dana.algorithms.base import (
+    Algorithm,
+    MasterRule,
+    WorkerRule,
+    check_momentum,
+    check_nonnegative,
+    check_positive,
+    per_worker_zeros,
+)
+from dana.algorithms.delay import check_threshold
+
+INNER = ("sgd", "adamw")
+
+
+class LocalWorkers(WorkerRule):
+    """Workers that take ``H`` inner-optimizer steps from each pull, then push ``p - x_i``."""
+
+    state_keys = ("x", "u", "s", "t", "n")
+    local_steps = True
+
+    def __init__(
+        self,
+        workers: int,
+        d: int,
+        dtype: torch.dtype,
+        H: int,
+        inner: str,
+        momentum: float,
+        beta2: float,
+        eps: float,
+        inner_decay: float,
+    ):
+        super().__init__(workers, d, dtype)
+        self.H, self.inner, self.momentum = H, inner, momentum
+        self.beta2, self.eps, self.inner_decay = beta2, eps, inner_decay
+        adam = inner == "adamw"
+        self.x = per_worker_zeros(workers, d, dtype)
+        self.u = per_worker_zeros(workers, d, dtype) if adam or momentum > 0 else None
+        self.s = per_worker_zeros(workers, d, dtype) if adam else None
+        self.t = torch.zeros(workers, dtype=torch.int64)  # local steps in this cycle
+        self.n = torch.zeros(workers, dtype=torch.int64)  # steps ever (Adam's bias correction)
+        self.lr: float | None = None
+        self._start: Tensor | None = None  # the parameters pulled for this cycle
+        self._scratch = torch.empty(d, dtype=dtype) if adam else None
+
+    def set_lr(self, lr: float) -> None:
+        self.lr = float(lr)
+
+    def compute_at(self, worker: int, pulled: Tensor) -> Tensor:
+        if int(self.t[worker]) == 0:
+            self.x[worker].copy_(pulled)
+        self._start = pulled
+        return self.x[worker]
+
+    def message(self, worker: int, grad: Tensor) -> Tensor | None:
+        if self.lr is None:
+            raise RuntimeError(
+                "the runner must call set_lr(lr) before message(): local steps need it"
+            )
+        x, lr = self.x[worker], self.lr
+        if self.inner_decay:
+            x.mul_(1.0 - lr * self.inner_decay)
+        if self.inner == "adamw":
+            self._adam_step(worker, x, grad, lr)
+        elif self.u is None:
+            x.add_(grad, alpha=-lr)
+        else:
+            u = self.u[worker]
+            u.mul_(self.momentum).add_(grad)
+            x.add_(u, alpha=-lr)
+        t = int(self.t[worker]) + 1
+        if t < self.H:
+            self.t[worker] = t
+            return None
+        self.t[worker] = 0
+        return torch.sub(self._start, x, out=grad)  # the outer gradient, over grad
+
+    def _adam_step(self, worker: int, x: Tensor, g: Tensor, lr: float) -> None:
+        b1, b2 = self.momentum, self.beta2
+        n = int(self.n[worker]) + 1
+        self.n[worker] = n
+        m, v = self.u[worker], self.s[worker]
+        m.mul_(b1).add_(g, alpha=1.0 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+        denom = torch.div(v, 1.0 - b2**n, out=self._scratch).sqrt_().add_(self.eps)
+        x.addcdiv_(m, denom, value=-lr / (1.0 - b1**n))
+
+
+class OuterSgdMaster(MasterRule):
+    def __init__(self, params: Tensor, workers: int, outer_lr: float):
+        super().__init__(params, workers)
+        self.outer_lr = outer_lr
+
+    def push(self, worker: int, message: Tensor, lr: float) -> bool:
+        self.theta.add_(message, alpha=-self.outer_lr)
+        return True
+
+
+class DelayedNesterovMaster(MasterRule):
+    """Delayed Nesterov over outer gradients (``period = 1``: Nesterov)."""
+
+    state_keys = ("theta", "v", "acc", "pushes")
+
+    def __init__(
+        self,
+        params: Tensor,
+        workers: int,
+        outer_lr: float,
+        momentum: float,
+        period: int | None,
+        c: float,
+    ):
+        super().__init__(params, workers)
+        self.outer_lr, self.mu, self.c = outer_lr, momentum, c
+        self.period = workers if period is None else period
+        self.v = torch.zeros_like(self.theta)
+        self.acc = torch.zeros_like(self.theta) if self.period > 1 else None
+        self.pushes = 0
+
+    def push(self, worker: int, message: Tensor, lr: float) -> bool:
+        N, mu, c, eta = self.period, self.mu, self.c, self.outer_lr
+        self.pushes += 1
+        if self.acc is not None:
+            self.acc.add_(message)
+        if self.pushes % N == 0:
+            self.v.mul_(mu).add_(message if self.acc is None else self.acc, alpha=1.0 / N)
+            self.theta.add_(self.v, alpha=-eta * (1.0 - c * N + c) * mu)
+            if self.acc is not None:
+                self.acc.zero_()
+        elif c:
+            self.theta.add_(self.v, alpha=-eta * c * mu)
+        self.theta.add_(message, alpha=-eta / N)
+        return True
+
+
+class DanaLocalMaster(MasterRule):
+    """Outer momenta per worker and their sum; pulls at ``theta - outer_lr*mu*S``."""
+
+    state_keys = ("theta", "v", "S")
+
+    def __init__(self, params: Tensor, workers: int, outer_lr: float, momentum: float):
+        super().__init__(params, workers)
+        self.outer_lr, self.mu = outer_lr, momentum
+        self.v = self.per_worker_zeros()
+        self.S = torch.zeros_like(self.theta)
+
+    def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
+        return torch.add(self.theta, self.S, alpha=-self.outer_lr * self.mu, out=out)
+
+    def push(self, worker: int, message: Tensor, lr: float) -> bool:
+        v = self.v[worker]
+        self.S.add_(v, alpha=self.mu - 1.0).add_(message)  # S += v_new - v_old
+        v.mul_(self.mu).add_(message)
+        self.theta.add_(v, alpha=-self.outer_lr)
+        return True
+
+
+def check_local_steps(H: int) -> int:
+    if isinstance(H, bool) or not isinstance(H, int) or H < 1:
+        raise ValueError(f"local_steps must be an integer >= 1, got {H!r}")
+    return H
+
+
+def check_decay(name: str, value: float) -> float:
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    return float(value)
+
+
+class LocalAlgorithm(Algorithm):
+    """The inner optimizer's hyper-parameters, shared by every outer optimizer."""
+
+    worker_rule = LocalWorkers
+    #: The hyper-parameters the master rule takes.
+    outer_keys: ClassVar[tuple[str, ...]] = ("outer_lr",)
+
+    def _set_inner(
+        self,
+        local_steps: int,
+        inner: str,
+        inner_momentum: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        inner_decay: float,
+    ) -> None:
+        self.local_steps = check_local_steps(local_steps)
+        if inner not in INNER:
+            raise ValueError(f"inner must be one of {', '.join(INNER)}, got {inner!r}")
+        self.inner = inner
+        self.inner_momentum = check_decay("inner_momentum", inner_momentum)
+        self.beta1 = check_decay("beta1", beta1)
+        self.beta2 = check_decay("beta2", beta2)
+        self.eps = check_positive("eps", eps)
+        self.inner_decay = check_nonnegative("inner_decay", inner_decay)
+
+    def master(self, params: Tensor, workers: int) -> MasterRule:
+        return self.master_rule(params, workers, **{k: getattr(self, k) for k in self.outer_keys})
+
+    def _worker_hparams(self) -> dict[str, Any]:
+        return {
+            "H": self.local_steps,
+            "inner": self.inner,
+            "momentum": self.beta1 if self.inner == "adamw" else self.inner_momentum,
+            "beta2": self.beta2,
+            "eps": self.eps,
+            "inner_decay": self.inner_decay,
+        }
+
+
+class LocalSgd(LocalAlgorithm):
+    """Asynchronous Local-SGD with the plain outer step ``theta -= outer_lr*Delta``.
+
+    ``momentum`` is the inner optimizer's (there is no outer momentum).
+    """
+
+    name = "local-sgd"
+    summary = "async Local-SGD: H inner momentum-SGD steps per push, theta -= outer_lr*Delta"
+    master_rule = OuterSgdMaster
+
+    def __init__(
+        self,
+        momentum: float = 0.9,
+        local_steps: int = 10,
+        inner: str = "sgd",
+        outer_lr: float = 1.0,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+        inner_decay: float = 0.0,
+    ):
+        self.momentum = check_momentum(momentum)
+        self._set_inner(local_steps, inner, self.momentum, beta1, beta2, eps, inner_decay)
+        self.outer_lr = check_positive("outer_lr", outer_lr)
+
+    def hparams(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if k != "inner_momentum"}
+
+
+class OuterMomentumAlgorithm(LocalAlgorithm):
+    """Local-SGD whose outer optimizer has the momentum ``momentum`` (``mu``); the inner
+    optimizer's is ``inner_momentum`` (0: plain SGD)."""
+
+    outer_keys = ("outer_lr", "momentum")
+
+    def __init__(
+        self,
+        momentum: float = 0.9,
+        local_steps: int = 10,
+        inner: str = "sgd",
+        inner_momentum: float = 0.0,
+        outer_lr: float = 1.0,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+        inner_decay: float = 0.0,
+    ):
+        self.momentum = check_momentum(momentum)
+        self._set_inner(local_steps, inner, inner_momentum, beta1, beta2, eps, inner_decay)
+        self.outer_lr = check_positive("outer_lr", outer_lr)
+
+
+class LocalNesterov(OuterMomentumAlgorithm):
+    """Asynchronous Local-SGD with DiLoCo's outer Nesterov momentum (``outer_lr = 0.7``)."""
+
+    name = "local-nesterov"
+    summary = "async Local-SGD with DiLoCo's outer Nesterov step (outer_lr 0.7, mu 0.9)"
+    master_rule = DelayedNesterovMaster
+    outer_keys = ("outer_lr", "momentum", "period", "c")
+    period, c = 1, 0.0
+
+    def __init__(
+        self,
+        momentum: float = 0.9,
+        local_steps: int = 10,
+        inner: str = "sgd",
+        inner_momentum: float = 0.0,
+        outer_lr: float = 0.7,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+        inner_decay: float = 0.0,
+    ):
+        super().__init__(
+            momentum, local_steps, inner, inner_momentum, outer_lr, beta1, beta2, eps, inner_decay
+        )
+
+
+class LocalDelayedNesterov(OuterMomentumAlgorithm):
+    """Asynchronous Local-SGD with the Delayed Nesterov outer step."""
+
+    name = "local-dn"
+    summary = "async Local-SGD, Delayed Nesterov outer step: momentum updated every N = k pushes"
+    master_rule = DelayedNesterovMaster
+    outer_keys = ("outer_lr", "momentum", "period", "c")
+
+    def __init__(
+        self,
+        momentum: float = 0.9,
+        local_steps: int = 10,
+        inner: str = "sgd",
+        inner_momentum: float = 0.0,
+        outer_lr: float = 1.0,
+        period: int | None = None,
+        c: float = 0.0,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+        inner_decay: float = 0.0,
+    ):
+        super().__init__(
+            momentum, local_steps, inner, inner_momentum, outer_lr, beta1, beta2, eps, inner_decay
+        )
+        self.period = check_threshold("period", period)
+        if not 0.0 <= c <= 1.0:
+            raise ValueError(f"c must be in [0, 1], got {c!r}")
+        self.c = float(c)
+
+
+class DanaLocal(OuterMomentumAlgorithm):
+    """Asynchronous Local-SGD whose pulls see where the outer momenta take the master."""
+
+    name = "dana-local"
+    summary = "async Local-SGD with DANA's look-ahead on the outer momentum step"
+    master_rule = DanaLocalMaster

@@ -1,0 +1,84 @@
+"""SMEGA2: one momentum vector whatever ``k`` is, and an estimate of the future parameters.
+
+Cohen, Hakimi, Schuster, "SMEGA2: Distributed Asynchronous Deep Neural Network Training
+With a Single Momentum Buffer" (ICPP 2022); public code: rafi-cohen/SMEGA2,
+``smega2.py``. The master keeps ``theta``, one momentum ``v``, a buffer ``b`` of the
+gradients of the current momentum cycle and its position ``c`` in the cycle of ``N``
+pushes (``N`` defaults to ``k``: each worker's gradient enters the momentum once per
+cycle, as one averaged gradient would in synchronous SGD). A push of ``g``:
+
+- ``b += g``; ``theta -= lr * (g + m*v)`` (``v`` before this push);
+- the ``N``-th push of a cycle ends it: ``v = m*v + b/N``, ``b = 0``.
+
+A pull sends the estimate of the parameters ``N`` pushes ahead: the momentum part of the
+coming pushes, ``N*m*v`` now and the buffered gradients' share once the momentum is
+updated mid-way, ``theta - lr*m*((N + c*(m - 1))*v + (c/N)*b)`` (the authors' "advanced"
+estimate; ``advanced=False``: ``theta - lr*m*N*v``).
+
+With ``N = 1`` (so also with one worker) ``v = m*v + g`` and ``theta -= lr*v`` on every
+push and pulls see ``theta - lr*m*v``: it is ``nag-asgd``, Nesterov SGD for one worker.
+
+Example::
+
+    >>> import torch, dana.algorithms as A
+    >>> master = A.build("smega2", momentum=0.5).master(torch.zeros(1), workers=2)
+    >>> _ = master.push(0, torch.ones(1), lr=1.0), master.push(1, torch.ones(1), lr=1.0)
+    >>> master.theta, master.v  # v = 0.5*0 + (1 + 1)/2 at the cycle's end
+    (tensor([-2.]), tensor([1.]))
+    >>> master.pull(0, 1.0, torch.empty(1))  # -2 - 1*0.5*(2 + 0)*1
+    tensor([-3.])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dana.algorithms.base import Algorithm, MasterRule, check_momentum
+from dana.algorithms.delay import check_threshold
+
+
+class Smega2Master(MasterRule):
+    state_keys = ("theta", "v", "b", "c")
+
+    def __init__(
+        self, params: Tensor, workers: int, momentum: float, cycle: int | None, advanced: bool
+    ):
+        super().__init__(params, workers)
+        self.momentum, self.advanced = momentum, advanced
+        self.cycle = workers if cycle is None else cycle
+        self.v = torch.zeros_like(self.theta)
+        self.b = torch.zeros_like(self.theta)
+        self.c = 0  # pushes of the current cycle so far
+
+    def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
+        m, N, c = self.momentum, self.cycle, self.c
+        if not self.advanced:
+            return torch.add(self.theta, self.v, alpha=-lr * m * N, out=out)
+        torch.add(self.theta, self.v, alpha=-lr * m * (N + c * (m - 1.0)), out=out)
+        if c:
+            out.add_(self.b, alpha=-lr * m * c / N)
+        return out
+
+    def push(self, worker: int, message: Tensor, lr: float) -> bool:
+        m = self.momentum
+        self.b.add_(message)
+        self.theta.add_(message, alpha=-lr).add_(self.v, alpha=-lr * m)
+        self.c = (self.c + 1) % self.cycle
+        if self.c == 0:
+            self.v.mul_(m).add_(self.b, alpha=1.0 / self.cycle)
+            self.b.zero_()
+        return True
+
+
+class Smega2(Algorithm):
+    """One master momentum updated once per cycle of ``N`` pushes; pulls see its estimate."""
+
+    name = "smega2"
+    summary = "one momentum updated every N = k pushes; pulls see the estimate N pushes ahead"
+    master_rule = Smega2Master
+
+    def __init__(self, momentum: float = 0.9, cycle: int | None = None, advanced: bool = True):
+        self.momentum = check_momentum(momentum)
+        self.cycle = check_threshold("cycle", cycle)
+        self.advanced = bool(advanced)

@@ -1,0 +1,493 @@
+"""The methods since the paper: asynchronous Local-SGD (outer SGD, Nesterov, Delayed
+Nesterov, DANA on the outer step), OrMo and OrMo-DA, SMEGA2, Ringmaster's cut-off,
+delay-adaptive steps and linear weight prediction.
+
+Per rule: its zero-delay or one-worker reduction, a hand-written (or independently
+transcribed) check on a small problem, its validation errors, and a short simulator
+run; one real Ray run of a Local-SGD rule (marked ``ray``).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_least_squares, make_simulator, max_rel_diff
+
+import dana.algorithms as A
+from dana.sim import Simulator
+from dana.train.batches import BatchStream
+
+F64 = torch.float64
+NEW = [
+    "local-sgd",
+    "local-nesterov",
+    "local-dn",
+    "dana-local",
+    "ormo",
+    "ormo-da",
+    "smega2",
+    "ringmaster-asgd",
+    "delay-adaptive-asgd",
+    "lwp-asgd",
+]
+
+
+def events(k: int, n_steps: int, n: int = 256, batch: int = 8, seed: int = 0):
+    """A random event order (which worker computes next) and the batches, in order."""
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randint(0, k, (n_steps,), generator=g).tolist()
+    batches = [torch.randint(0, n, (batch,), generator=g) for _ in range(n_steps)]
+    return order, batches
+
+
+def drive(algo, k, problem, order, batches, lr=0.05, weight_decay=0.0):
+    """Drive the three events by hand (no simulator): every worker pulls at the start;
+    step ``t`` is a computation of worker ``order[t]`` on ``batches[t]``; a message is
+    pushed and the worker pulls again. Returns the master, the worker rule and every
+    pull's parameters (after the initial ones), and the parameters each step computed at.
+    """
+    master = algo.master(torch.zeros(problem.d, dtype=F64), k)
+    workers = algo.worker(k, problem.d, F64)
+    sent = torch.zeros(k, problem.d, dtype=F64)
+    for i in range(k):
+        master.pull(i, lr, sent[i])
+    pulls, computed = [], []
+    for i, rows in zip(order, batches):
+        p = workers.compute_at(i, sent[i])
+        computed.append(p.clone())
+        grad = problem.gradient(p, rows)[0]
+        if weight_decay:
+            grad.add_(p, alpha=weight_decay)
+        workers.set_lr(lr)
+        message = workers.message(i, grad)
+        if message is not None:
+            master.push(i, message, lr)
+            master.pull(i, lr, sent[i])
+            pulls.append(sent[i].clone())
+    return master, workers, pulls, computed
+
+
+def torch_run(optimizer_cls, problem, batches, l2=0.0, **options):
+    """The parameters a torch optimizer computes each gradient at, one worker (``l2``
+    added to the gradient, as the runners add the weight decay)."""
+    param = torch.nn.Parameter(torch.zeros(problem.d, dtype=F64))
+    opt = optimizer_cls([param], **options)
+    seen = []
+    for rows in batches:
+        seen.append(param.detach().clone())
+        param.grad = problem.gradient(param.detach(), rows)[0]
+        if l2:
+            param.grad.add_(param.detach(), alpha=l2)
+        opt.step()
+    return seen
+
+
+def assert_same(a: list[torch.Tensor], b: list[torch.Tensor], tol: float = 1e-10):
+    assert len(a) == len(b) > 0
+    assert max(max_rel_diff(x, y) for x, y in zip(a, b)) <= tol
+
+
+# -- the registry and the CLI ---------------------------------------------------------------
+def test_every_new_method_is_listed_with_its_hparams():
+    out = subprocess.run(
+        [sys.executable, "-m", "dana.cli", "algorithms"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    lines = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip()}
+    for name in NEW:
+        assert name in lines, name
+        for hparam in A.hparam_names(name):
+            assert hparam in lines[name], (name, hparam)
+        assert A.get(name).elementwise  # every one may be sharded
+
+
+@pytest.mark.parametrize(
+    "name, hparams, match",
+    [
+        ("local-sgd", {"local_steps": 0}, "local_steps"),
+        ("local-sgd", {"local_steps": 2.5}, "local_steps"),
+        ("local-sgd", {"inner": "adam"}, "inner"),
+        ("local-sgd", {"outer_lr": 0.0}, "outer_lr"),
+        ("local-sgd", {"momentum": 1.0}, "momentum"),
+        ("local-sgd", {"beta2": 1.0}, "beta2"),
+        ("local-sgd", {"beta1": -0.1}, "beta1"),
+        ("local-nesterov", {"inner_momentum": 1.0}, "inner_momentum"),
+        ("local-sgd", {"inner_decay": -1.0}, "inner_decay"),
+        ("local-nesterov", {"momentum": 1.0}, "momentum"),
+        ("local-dn", {"period": 0}, "period"),
+        ("local-dn", {"c": 1.5}, "c must"),
+        ("dana-local", {"outer_lr": -0.1}, "outer_lr"),
+        ("ormo", {"momentum": -0.5}, "momentum"),
+        ("ormo-da", {"concurrency": 0}, "concurrency"),
+        ("smega2", {"cycle": 0}, "cycle"),
+        ("ringmaster-asgd", {"R": 0}, "R must"),
+        ("ringmaster-asgd", {"R": True}, "R must"),
+        ("delay-adaptive-asgd", {"concurrency": -2}, "concurrency"),
+        ("lwp-asgd", {"horizon": -1}, "horizon"),
+    ],
+)
+def test_bad_hyper_parameters_are_refused_by_name(name, hparams, match):
+    with pytest.raises(ValueError, match=match):
+        A.build(name, **hparams)
+
+
+# -- asynchronous Local-SGD -----------------------------------------------------------------
+@pytest.mark.parametrize("H", [1, 3])
+def test_local_sgd_one_worker_outer_lr_one_is_its_inner_momentum_sgd(H):
+    problem = make_least_squares()
+    order, batches = events(1, 30)
+    algo = A.build("local-sgd", momentum=0.9, local_steps=H)
+    *_, computed = drive(algo, 1, problem, order, batches, weight_decay=1e-2)
+    ref = torch_run(torch.optim.SGD, problem, batches, l2=1e-2, lr=0.05, momentum=0.9)
+    assert_same(computed, ref)
+
+
+def test_local_sgd_adamw_inner_is_torch_adamw():
+    problem = make_least_squares()
+    order, batches = events(1, 24)
+    algo = A.build(
+        "local-sgd",
+        inner="adamw",
+        beta1=0.8,
+        beta2=0.99,
+        local_steps=4,
+        inner_decay=0.1,
+        eps=1e-6,
+    )
+    *_, computed = drive(algo, 1, problem, order, batches)
+    ref = torch_run(
+        torch.optim.AdamW,
+        problem,
+        batches,
+        lr=0.05,
+        betas=(0.8, 0.99),
+        eps=1e-6,
+        weight_decay=0.1,
+    )
+    assert_same(computed, ref)
+
+
+def test_local_sgd_pushes_the_difference_of_its_local_steps_by_hand():
+    # f(x) = 0.5*h*x^2 per element, one worker, H = 2, inner momentum 0.5, lr 0.1.
+    algo = A.build("local-sgd", momentum=0.5, local_steps=2, outer_lr=0.5)
+    master, workers = algo.master(torch.tensor([1.0], dtype=F64), 1), algo.worker(1, 1, F64)
+    pulled = master.pull(0, 0.1, torch.empty(1, dtype=F64))
+    workers.set_lr(0.1)
+    x = workers.compute_at(0, pulled)  # 1.0: g = 2, u = 2, x = 0.8
+    assert workers.message(0, 2 * x.clone()) is None
+    x = workers.compute_at(0, pulled)  # 0.8: g = 1.6, u = 2.6, x = 0.54
+    delta = workers.message(0, 2 * x.clone())
+    torch.testing.assert_close(delta, torch.tensor([0.46], dtype=F64))
+    master.push(0, delta, 0.1)  # theta = 1 - 0.5*0.46
+    torch.testing.assert_close(master.theta, torch.tensor([0.77], dtype=F64))
+    pulled = master.pull(0, 0.1, pulled)
+    assert float(workers.compute_at(0, pulled)) == pytest.approx(0.77)  # a new cycle
+    assert int(workers.t[0]) == 0 and float(workers.u[0]) == pytest.approx(2.6)
+
+
+def test_local_rules_with_one_local_step_are_their_single_step_rules():
+    problem = make_least_squares()
+    order, batches = events(3, 120, seed=6)
+    for local, single in (("local-sgd", "multi-asgd"), ("local-nesterov", "nag-asgd")):
+        algo = A.build(local, momentum=0.9, local_steps=1, outer_lr=1.0)
+        a = drive(algo, 3, problem, order, batches)
+        b = drive(A.build(single, momentum=0.9), 3, problem, order, batches)
+        assert_same(a[2], b[2])
+
+
+def test_local_nesterov_is_delayed_nesterov_with_period_one_and_torch_nesterov():
+    problem = make_least_squares()
+    order, batches = events(3, 90)
+    a = drive(A.build("local-nesterov", local_steps=3), 3, problem, order, batches)
+    dn = A.build("local-dn", local_steps=3, period=1, c=0.7, outer_lr=0.7)  # c: no effect
+    b = drive(dn, 3, problem, order, batches)
+    assert_same(a[2], b[2], tol=0)
+    # H = 1, no inner momentum, one worker: outer Nesterov on lr*g is Nesterov SGD
+    order, batches = events(1, 30)
+    algo = A.build("local-nesterov", momentum=0.8, local_steps=1, outer_lr=0.7)
+    *_, computed = drive(algo, 1, problem, order, batches)
+    ref = torch_run(torch.optim.SGD, problem, batches, lr=0.05 * 0.7, momentum=0.8, nesterov=True)
+    assert_same(computed, ref)
+
+
+def delayed_nesterov_numpy(grads, lr, beta, c, N):
+    """The Delayed Nesterov update (Liu et al. 2024), transcribed from its pseudo-code."""
+    p, m, delta = np.zeros_like(grads[0]), np.zeros_like(grads[0]), np.zeros_like(grads[0])
+    out = []
+    for t, g in enumerate(grads):
+        delta = delta + g
+        if (t + 1) % N == 0:
+            m = beta * m + delta / N
+            p = p - lr * ((1 - c * N + c) * beta * m + g / N)
+            delta = np.zeros_like(delta)
+        else:
+            p = p - lr * (c * beta * m + g / N)
+        out.append(p)
+    return out
+
+
+@pytest.mark.parametrize("N, c", [(3, 0.0), (3, 0.2), (4, 1.0)])
+def test_delayed_nesterov_master_matches_its_transcription(N, c):
+    g = torch.Generator().manual_seed(1)
+    grads = [torch.randn(5, generator=g, dtype=F64) for _ in range(11)]
+    algo = A.build("local-dn", outer_lr=0.7, momentum=0.9, period=N, c=c)
+    master = algo.master(torch.zeros(5, dtype=F64), 2)
+    ref = delayed_nesterov_numpy([x.numpy() for x in grads], 0.7, 0.9, c, N)
+    for i, (x, want) in enumerate(zip(grads, ref)):
+        assert master.push(i % 2, x, lr=123.0)  # the runner's lr is the inner rate
+        np.testing.assert_allclose(master.theta.numpy(), want, rtol=1e-13, atol=1e-15)
+
+
+def test_local_dn_period_defaults_to_k():
+    master = A.build("local-dn").master(torch.zeros(2), workers=5)
+    assert master.period == 5 and master.acc is not None
+
+
+def test_dana_local_with_one_local_step_is_dana_zero():
+    problem = make_least_squares()
+    order, batches = events(4, 200, seed=3)
+    local = A.build("dana-local", momentum=0.9, local_steps=1)  # inner SGD, outer_lr 1
+    _, _, pulls, computed = drive(local, 4, problem, order, batches)
+    _, _, ref_pulls, ref_computed = drive(
+        A.build("dana-zero", momentum=0.9), 4, problem, order, batches
+    )
+    assert_same(pulls, ref_pulls)
+    assert_same(computed, ref_computed)
+    assert max_rel_diff(pulls[-1], torch.zeros_like(pulls[-1])) > 0.1  # it moved
+
+
+def test_dana_local_pulls_where_the_outer_momenta_take_the_master():
+    algo = A.build("dana-local", momentum=0.5, local_steps=2, outer_lr=0.5)
+    master = algo.master(torch.zeros(1, dtype=F64), 2)
+    master.push(0, torch.tensor([1.0], dtype=F64), 0.1)  # v0 = 1, theta = -0.5
+    master.push(1, torch.tensor([2.0], dtype=F64), 0.1)  # v1 = 2, theta = -1.5
+    master.push(0, torch.tensor([1.0], dtype=F64), 0.1)  # v0 = 1.5, theta = -2.25
+    out = master.pull(1, 0.1, torch.empty(1, dtype=F64))  # -2.25 - 0.5*0.5*3.5
+    torch.testing.assert_close(out, torch.tensor([-3.125], dtype=F64))
+    torch.testing.assert_close(master.S, master.v.sum(0))
+
+
+# -- OrMo ----------------------------------------------------------------------------------
+def test_ormo_one_worker_is_momentum_sgd():
+    problem = make_least_squares()
+    order, batches = events(1, 40)
+    for name in ("ormo", "ormo-da"):
+        *_, computed = drive(A.build(name, momentum=0.9), 1, problem, order, batches)
+        ref = torch_run(torch.optim.SGD, problem, batches, lr=0.05, momentum=0.9)
+        assert_same(computed, ref)
+
+
+def test_ormo_gives_each_gradient_its_weight_by_iteration_index():
+    """After ``T`` updates a gradient computed at iteration ``j`` has moved theta by
+    ``-lr * g * (1 - m**(T - j)) / (1 - m)``, whenever it arrived (momentum SGD's weights
+    in iteration order): checked against that closed form with random delays."""
+    m, lr, k, d = 0.7, 0.1, 4, 3
+    g = torch.Generator().manual_seed(2)
+    master = A.build("ormo", momentum=m).master(torch.zeros(d, dtype=F64), k)
+    out = torch.empty(d, dtype=F64)
+    index = [0] * k
+    for i in range(k):
+        master.pull(i, lr, out)
+    arrived = []  # (iteration index, gradient)
+    for T in range(1, 30):
+        i = int(torch.randint(0, k, (1,), generator=g))
+        grad = torch.randn(d, generator=g, dtype=F64)
+        master.push(i, grad, lr)
+        arrived.append((index[i], grad))
+        master.pull(i, lr, out)
+        index[i] = T
+        want = -lr * sum(x * (1 - m ** (T - j)) / (1 - m) for j, x in arrived)
+        torch.testing.assert_close(master.theta, want, rtol=1e-12, atol=1e-14)
+
+
+def test_ormo_da_scales_a_push_delayed_beyond_the_concurrency():
+    ormo = A.build("ormo", momentum=0.0).master(torch.zeros(1, dtype=F64), 3)
+    da = A.build("ormo-da", momentum=0.0, concurrency=1).master(torch.zeros(1, dtype=F64), 3)
+    out = torch.empty(1, dtype=F64)
+    for master in (ormo, da):
+        for i in range(3):
+            master.pull(i, 1.0, out)
+        for i in range(3):  # delays 0, 1, 2
+            master.push(i, torch.tensor([1.0], dtype=F64), 1.0)
+    # m = 0: a gradient's only weight is at its own iteration, caught up: ASGD ...
+    assert float(ormo.theta) == pytest.approx(-3.0)
+    # ... at the rate lr*min(1, C/s): delay 2 with C = 1 moves half as far
+    assert float(da.theta) == pytest.approx(-2.5)
+
+
+def test_ormo_da_with_constant_timing_is_ormo():
+    a = make_simulator("ormo", 4, timing="constant")
+    b = make_simulator("ormo-da", 4, timing="constant")
+    a.run(pushes=200)
+    b.run(pushes=200)
+    assert torch.equal(a.params(), b.params())
+
+
+# -- SMEGA2 --------------------------------------------------------------------------------
+@pytest.mark.parametrize("k, cycle", [(1, None), (3, 1)])
+def test_smega2_with_a_cycle_of_one_is_nag_asgd(k, cycle):
+    problem = make_least_squares()
+    order, batches = events(k, 60, seed=4)
+    a = drive(A.build("smega2", momentum=0.9, cycle=cycle), k, problem, order, batches)
+    b = drive(A.build("nag-asgd", momentum=0.9), k, problem, order, batches)
+    assert_same(a[2], b[2], tol=1e-12)
+
+
+def smega2_numpy(grads, lr, m, N, advanced):
+    """SMEGA2 (Cohen et al. 2022), transcribed from the authors' ``step`` and ``estimate``:
+    the parameters and the estimate after each push."""
+    p, v, b, c = np.zeros_like(grads[0]), np.zeros_like(grads[0]), np.zeros_like(grads[0]), 0
+    out = []
+    for g in grads:
+        c = (c + 1) % N
+        b = b + g
+        d = g + m * v
+        if c == 0:
+            v = m * v + b / N
+            b = np.zeros_like(b)
+        p = p - lr * d
+        mf, gf = N, 0.0
+        if advanced:
+            mf, gf = mf + c * (m - 1), gf + c / N
+        out.append((p, p - lr * m * gf * b - lr * m * mf * v))
+    return out
+
+
+@pytest.mark.parametrize("advanced", [True, False])
+def test_smega2_matches_the_reference_step_and_estimate(advanced):
+    g = torch.Generator().manual_seed(5)
+    grads = [torch.randn(4, generator=g, dtype=F64) for _ in range(10)]
+    master = A.build("smega2", momentum=0.9, advanced=advanced).master(torch.zeros(4, dtype=F64), 3)
+    ref = smega2_numpy([x.numpy() for x in grads], 0.1, 0.9, 3, advanced)
+    out = torch.empty(4, dtype=F64)
+    for i, (x, (p, estimate)) in enumerate(zip(grads, ref)):
+        master.push(i % 3, x, 0.1)
+        np.testing.assert_allclose(master.theta.numpy(), p, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(
+            master.pull(i % 3, 0.1, out).numpy(), estimate, rtol=1e-12, atol=1e-14
+        )
+
+
+# -- the delay cut-off and delay-adaptive steps ---------------------------------------------
+def test_ringmaster_with_a_high_threshold_is_asgd_and_drops_by_hand():
+    a = make_simulator("ringmaster-asgd", 4, R=100)
+    b = make_simulator("asgd", 4)
+    a.run(pushes=200)
+    b.run(pushes=200)
+    assert torch.equal(a.params(), b.params()) and a.master.dropped == 0
+    master = A.build("ringmaster-asgd", R=2).master(torch.zeros(1, dtype=F64), 3)
+    out = torch.empty(1, dtype=F64)
+    for i in range(3):
+        master.pull(i, 0.1, out)
+    moved = [master.push(i, torch.tensor([1.0], dtype=F64), 0.1) for i in range(3)]
+    assert moved == [True, True, False] and master.dropped == 1  # delays 0, 1, 2
+    assert float(master.theta) == pytest.approx(-0.2) and master.updates == 2
+
+
+def test_ringmaster_default_threshold_is_2k_and_drops_in_a_skewed_run():
+    sim = make_simulator(
+        "ringmaster-asgd", 4, timing="heterogeneous", timing_params={"machine_cv": 1.0}
+    )
+    assert sim.master.R == 8
+    sim.run(pushes=400)
+    log = sim.log.numpy()
+    assert sim.master.dropped == int((log["staleness"] >= 8).sum()) > 0
+    assert sim.updates == sim.pushes - sim.master.dropped
+
+
+def test_delay_adaptive_asgd_is_asgd_within_the_concurrency():
+    a = make_simulator("delay-adaptive-asgd", 4, timing="constant")
+    b = make_simulator("asgd", 4, timing="constant")
+    a.run(pushes=200)
+    b.run(pushes=200)
+    assert torch.equal(a.params(), b.params())
+    master = A.build("delay-adaptive-asgd", concurrency=1).master(torch.zeros(1, dtype=F64), 4)
+    out = torch.empty(1, dtype=F64)
+    for i in range(4):
+        master.pull(i, 0.1, out)
+    for i in range(4):  # delays 0, 1, 2, 3: factors 1, 1, 1/2, 1/3
+        master.push(i, torch.tensor([1.0], dtype=F64), 0.1)
+    assert float(master.theta) == pytest.approx(-0.1 * (1 + 1 + 0.5 + 1 / 3))
+
+
+# -- linear weight prediction -------------------------------------------------------------
+def test_lwp_one_worker_is_momentum_sgd_and_pulls_the_linear_prediction():
+    problem = make_least_squares()
+    order, batches = events(1, 40)
+    *_, computed = drive(A.build("lwp-asgd", momentum=0.9), 1, problem, order, batches)
+    assert_same(computed, torch_run(torch.optim.SGD, problem, batches, lr=0.05, momentum=0.9))
+    master = A.build("lwp-asgd", momentum=0.5).master(torch.zeros(1, dtype=F64), 3)
+    out = torch.empty(1, dtype=F64)
+    for i in range(3):
+        master.pull(i, 0.1, out)
+    master.push(0, torch.tensor([1.0], dtype=F64), 0.1)  # v = 1, theta = -0.1
+    master.push(1, torch.tensor([1.0], dtype=F64), 0.1)  # delay 1: v = 1.5, theta = -0.25
+    assert float(master.pull(0, 0.1, out)) == pytest.approx(-0.25)  # its delay was 0
+    assert float(master.pull(1, 0.1, out)) == pytest.approx(-0.25 - 0.1 * 1 * 1.5)
+
+
+# -- every rule in the simulator ------------------------------------------------------------
+@pytest.mark.parametrize("name", NEW)
+def test_every_new_rule_trains_in_the_simulator(name):
+    problem = make_least_squares()
+    hparams = {"local_steps": 4} if A.hparam_names(name)[1:2] == ["local_steps"] else {}
+    lr = 0.005 if "momentum" in A.hparam_names(name) else 0.05  # the same step size
+    sim = make_simulator(name, 4, problem, lr=lr, **hparams)
+    start = problem.loss(sim.params())
+    sim.run(pushes=800)
+    assert problem.loss(sim.params()) < 0.2 * start, name
+    if hparams:  # a push carries 4 gradient computations and 4 batches
+        assert sim.steps == 800 and 800 / 4 - 4 <= sim.pushes <= 800 / 4
+        assert len(sim.log) == sim.pushes
+    else:
+        assert sim.pushes == sim.steps
+
+
+def test_local_sgd_under_a_staleness_bound_keeps_it():
+    problem = make_least_squares()
+    runs = {}
+    for bound in (None, 1):
+        sim = Simulator(
+            A.build("dana-local", local_steps=3),
+            torch.zeros(problem.d, dtype=F64),
+            problem.gradient,
+            BatchStream(problem.n, 8),
+            4,
+            lr=0.01,
+            timing="gamma",
+            max_staleness=bound,
+        )
+        sim.run(pushes=300)
+        runs[bound] = sim.log.numpy()["staleness"].max()
+    assert runs[1] <= 1 < runs[None]
+
+
+# -- one real Ray run -----------------------------------------------------------------------
+@pytest.mark.ray
+def test_local_sgd_trains_on_ray_with_two_shards(tmp_path):
+    ray = pytest.importorskip("ray")
+    from test_dist import check_accounting, run_on_ray, tiny
+
+    config = tiny(
+        algorithm="dana-local",
+        workers=2,
+        servers=2,
+        epochs=2.0,
+        algorithm_params={"local_steps": 4},
+    )
+    # one logical CPU per actor (2 shards, 2 workers); they share the cores there are
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.ERROR)
+    try:
+        runner = run_on_ray(config, tmp_path / "run")
+    finally:
+        ray.shutdown()
+    dist = check_accounting(runner)
+    first = dist["shards"][0]
+    # every push carried 4 computations: 3 local steps per push, to within one cycle a worker
+    assert 3 * first["pushes"] - 2 * 3 <= first["local_steps"] <= 3 * first["pushes"] + 2 * 3
+    assert runner.rows[-1]["test_loss"] < 0.9 * runner.rows[0]["test_loss"]
