@@ -49,6 +49,7 @@ from dana.dist.checkpoint import build_state, check_state, to_numpy
 from dana.dist.cluster import (
     WORKER_RESTARTS,
     import_ray,
+    placement,
     ray_session,
     server_options,
     worker_options,
@@ -68,6 +69,9 @@ from dana.train.runner import _mean, stop_points, summarize
 #: Seconds between two looks of the driver at the servers.
 POLL_SECONDS = 0.2
 
+#: Seconds the actors have to start (build their problem) before the run gives up.
+READY_SECONDS = 300.0
+
 
 class RayRun:
     """One training run on Ray writing to one run directory."""
@@ -81,9 +85,10 @@ class RayRun:
         algorithm = algorithms.get(config.algorithm)
         self.batches_per_epoch = problem.dataset.train_size // config.batch_size
         self.synchronous = algorithm.synchronous
-        # Bounded staleness (ssgd ignores it): shard 0 gates, and relays when S > 1.
+        # Bounded staleness (ssgd ignores it): shard 0 gates. With S > 1 shards shard 0
+        # relays every call to the others, so a push is applied on all shards or on none.
         self.bounded = config.max_staleness is not None and not self.synchronous
-        self.relay = self.bounded and self.S > 1
+        self.relay = self.S > 1
         self.wait_time, self.waits = 0.0, 0
         self.rows: list[dict[str, float]] = []
         self.logged = 0  # pushes already summarised in a metrics row
@@ -99,6 +104,8 @@ class RayRun:
         self.last_seq_sent = [0] * self.k  # from the workers' last completed run() calls
         self.worker_counts: Counter[str] = Counter()
         self.counters: dict[str, Any] = {}
+        self.cpus = 1.0  # logical CPUs per actor (fewer when the cluster is short)
+        self.placement: dict[str, dict[str, str]] = {}  # actor -> its node
         self.servers: list[Any] = []  # the actors, while the run executes
         self.workers: list[Any] = []
         self.snapshots: list[list[dict[str, Any]]] = [[] for _ in range(self.S)]
@@ -175,9 +182,10 @@ class RayRun:
         initial = self.problem.initial_params().numpy()
         names = [f"dana-{uuid.uuid4().hex[:12]}-shard{s}" for s in range(self.S)]
         checkpoints = sorted(self.checkpoints)
+        self.cpus = cpus = placement(ray, self.k + self.S)
         self.servers = servers = [
             ray.remote(ShardServer)
-            .options(name=names[s], **server_options())
+            .options(name=names[s], **server_options(cpus))
             .remote(
                 config,
                 s,
@@ -192,14 +200,25 @@ class RayRun:
             )
             for s, (lo, hi) in enumerate(layout.bounds)
         ]
-        worker_cls = ray.remote(Worker).options(**worker_options())
+        worker_cls = ray.remote(Worker).options(**worker_options(cpus))
         self.workers = workers = [
             worker_cls.remote(config, i, names, self.d) for i in range(self.k)
         ]
+        calls = [s.ready.remote() for s in servers] + [w.ready.remote() for w in workers]
         try:
-            ray.get([w.ready.remote() for w in workers] + [s.ready.remote() for s in servers])
+            where = ray.get(calls, timeout=READY_SECONDS)
+        except ray.exceptions.GetTimeoutError:
+            raise DanaError(
+                f"the run's {len(calls)} Ray actors ({self.S} server shards, {self.k} "
+                f"workers, {cpus:.3g} CPU each) did not all start within "
+                f"{READY_SECONDS:g} s; the cluster has {ray.available_resources()} free "
+                f"of {ray.cluster_resources()}: free CPUs (other jobs may hold them) or "
+                "use fewer --workers"
+            ) from None
         except ray.exceptions.RayError as e:
             raise DanaError(f"the Ray actors could not start: {e}") from None
+        names_of = [f"shard{s}" for s in range(self.S)] + [f"worker{i}" for i in range(self.k)]
+        self.placement = dict(zip(names_of, where))
         return servers, workers
 
     def _run_free(
@@ -397,6 +416,9 @@ class RayRun:
             "max_staleness": self.config.max_staleness if self.bounded else None,
             "relayed": self.relay,
             "startup_seconds": startup,
+            "cpus_per_actor": self.cpus,
+            # where each actor started: its node's IP address and id
+            "placement": self.placement,
             # Every push a worker numbered (its last seq): applied once, or answered
             # "stop" after the run's last step; a crashed worker renumbers from the
             # servers' last applied seq, so a push lost in flight is not counted.

@@ -38,16 +38,19 @@ Bounded staleness (``max_staleness`` set, an asynchronous algorithm): shard 0 ke
 ``status == "wait"`` (no parameters); a push the push gate holds is answered ``"wait"``
 and not applied, its sequence number not taken: the worker sends it again (the same
 ``seq``) a moment later. ``exchange`` whose push is applied but whose pull must wait
-answers with the push's status and no parameters; the worker then pulls. With ``S > 1``
-shards, shard 0 relays: the workers call only shard 0 (``relay_pull``,
-``relay_push``, ``relay_exchange``, which carry the other shards' slices of the message
-as object references), and shard 0, once it has applied a push or served a pull, makes
-the same call on every other shard itself. Ray runs the calls of one caller on an
-actor in the order they were made, so every shard applies the same pushes and serves
-the same pulls in the same order: its counts, and so its staleness, are shard 0's.
-``relay_pull`` and ``relay_exchange`` add to their reply the references of the other
-shards' replies, which the worker fetches directly (the data do not pass through
-shard 0 either way).
+answers with the push's status and no parameters; the worker then pulls.
+
+Several shards (``S > 1``): shard 0 relays. The workers call only shard 0
+(``relay_pull``, ``relay_push``, ``relay_exchange``, which carry the other shards'
+slices of the message), and shard 0, once it has applied a push or served a pull, makes
+the same call on every other shard itself, sending each its slice from shard 0's own
+copy. Ray runs the calls of one caller on an actor in the order they were made, so
+every shard applies the same pushes and serves the same pulls in the same order: its
+counts, and so its staleness, are shard 0's; and a push is applied on all shards or on
+none, also when its worker dies during the call (a worker that rejoins numbers on from
+shard 0's last seq, which is every shard's). ``relay_pull`` and ``relay_exchange`` add
+to their reply the references of the other shards' replies, which the worker fetches
+directly (pulled parameters do not pass through shard 0).
 
 Counters: ``steps`` (gradient computations, local ones included: the simulator's
 ``steps``; epochs are ``steps / batches_per_epoch``), ``pushes`` (messages applied) and
@@ -166,8 +169,10 @@ class ShardServer:
             self.stopped = True
 
     # -- the protocol -------------------------------------------------------------------
-    def ready(self) -> bool:
-        return True
+    def ready(self) -> dict[str, str]:
+        from dana.dist.cluster import node_of
+
+        return node_of()
 
     def begin(self, clock_zero: float) -> None:
         """Start the clock: log times are ``time.time() - clock_zero`` (the driver's
@@ -291,8 +296,8 @@ class ShardServer:
     ) -> str:
         """:meth:`push`, then the same push on every other shard if it was taken.
 
-        ``pieces``: the other shards' slices of the message, as object references (in a
-        list, so that Ray hands them over unresolved; ``None`` for a local step);
+        ``pieces``: the other shards' slices of the message (``None`` for a local step),
+        which this shard sends on from its own copies (so they outlive the worker);
         ``offsets``: their probe coordinates of the worker's ``theta_offset``.
         """
         status = self.push(worker, seq, message, loss, offset, buffers)
