@@ -19,6 +19,7 @@ Ray >= 2.56 no longer lets a process put an object owned by another.)
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from typing import Any
 
@@ -28,7 +29,11 @@ import torch
 from torch import Tensor
 
 from dana.dist.layout import Layout
-from dana.dist.server import PARAMS, STOP
+from dana.dist.server import PARAMS, STOP, WAIT
+
+#: Seconds a worker waits before asking again after a shard was lost (while the driver
+#: rebuilds it).
+LOST_PAUSE = 0.05
 
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
@@ -53,7 +58,10 @@ class ServerLink:
         joins so far)."""
         if self.relay:
             *head, refs = ray.get(self.servers[0].relay_pull.remote(self.worker, join))
-            replies = [tuple(head), *ray.get(refs)]
+            others = self._replies(refs)
+            if others is None:  # a shard was lost: pull again once it is rebuilt
+                return WAIT, None, head[2], head[3], head[4]
+            replies = [tuple(head), *others]
         else:
             replies = ray.get([s.pull.remote(self.worker, join) for s in self.servers])
         # Shard 0 decides which pushes are applied (the others apply what it relays):
@@ -98,7 +106,9 @@ class ServerLink:
             )
             if params is None:
                 return [status], None, lr
-            replies = ray.get(refs)
+            replies = self._replies(refs)
+            if replies is None:  # a shard was lost: the worker pulls on its own
+                return [status], None, lr
             if any(r[0] != PARAMS for r in replies):
                 return [status, STOP], None, lr  # (another shard only refuses when stopped)
             return [status], self._join([params, *(r[1] for r in replies)]), lr
@@ -107,6 +117,15 @@ class ServerLink:
         if any(r[1] is None for r in replies):
             return statuses, None, replies[0][2]
         return statuses, self._join([r[1] for r in replies]), replies[0][2]
+
+    def _replies(self, refs: list[Any]) -> list[Any] | None:
+        """The other shards' replies; None if one of them was lost (its pull is gone;
+        pushes are not: shard 0 replays them into the shard it rebuilds)."""
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError:
+            time.sleep(LOST_PAUSE)
+            return None
 
     def _parts(
         self, message: Tensor | None, offset: Tensor | None

@@ -77,6 +77,7 @@ from dana.algorithms.base import MasterRule
 from dana.dist.gate import StalenessGate
 from dana.dist.layout import Layout
 from dana.dist.log import ShardLog
+from dana.dist.recovery import SNAPSHOT_SECONDS, RelayLog, load_recovery, recovery_state
 from dana.train.config import TrainConfig
 from dana.train.runner import build_schedule
 from dana.train.schedule import schedule_epoch
@@ -102,8 +103,11 @@ class ShardServer:
         evals, checkpoints: the step counts at which to snapshot for an evaluation, and
             for a checkpoint.
         state: a checkpointed :meth:`state` to continue from.
-        peers: shard 0 of a sharded run with bounded staleness: the names of the other
-            shards' actors, to which it relays every call (resolved by :meth:`begin`).
+        peers: shard 0 of a sharded run: the names of the other shards' actors, to which
+            it relays every call (resolved by :meth:`begin`), keeping the calls in a
+            :class:`~dana.dist.recovery.RelayLog` to rebuild a lost one.
+        recovered: a shard ``s >= 1`` rebuilt after its loss: its latest
+            :func:`~dana.dist.recovery.recovery_state`.
     """
 
     def __init__(
@@ -119,6 +123,7 @@ class ShardServer:
         checkpoints: list[int],
         state: dict[str, Any] | None = None,
         peers: list[str] | None = None,
+        recovered: dict[str, Any] | None = None,
     ):
         torch.set_num_threads(1)
         cfg = TrainConfig.from_dict(config)
@@ -129,6 +134,9 @@ class ShardServer:
         self.gate = StalenessGate(cfg.max_staleness) if bounded and shard == 0 else None
         self.peer_names = list(peers or [])
         self.peers: list[Any] = []  # their actor handles, once begin() has run
+        self.relay_log = RelayLog(len(self.peer_names)) if self.peer_names else None
+        self.calls = 0  # pulls, pushes and stops run (on s >= 1: the relayed calls)
+        self.snapshot_at = -math.inf  # when the last recovery snapshot was taken
         self.rejoined = [False] * self.k  # relay: a join to pass on with the next pull
         self.master = algorithm.master(torch.from_numpy(params), self.k)  # (a copy)
         self._plain_pull = type(self.master).pull is MasterRule.pull  # pull == copy theta
@@ -167,6 +175,8 @@ class ShardServer:
         self.points = sorted(self.evals | self.checkpoints)
         if end is not None and self.steps >= end:
             self.stopped = True
+        if recovered is not None:
+            load_recovery(self, recovered)
 
     # -- the protocol -------------------------------------------------------------------
     def ready(self) -> dict[str, str]:
@@ -188,6 +198,7 @@ class ShardServer:
     def pull(
         self, worker: int, join: bool = False
     ) -> tuple[str, np.ndarray | None, float, int, int]:
+        self.calls += 1
         if join:
             self.joins[worker] += 1
             self.rejoined[worker] = True
@@ -207,6 +218,7 @@ class ShardServer:
         offset: np.ndarray | None = None,
         buffers: dict[str, np.ndarray] | None = None,
     ) -> str:
+        self.calls += 1
         if seq <= self.last_seq[worker]:
             self.duplicates += 1
             return DUPLICATE
@@ -328,21 +340,54 @@ class ShardServer:
         pieces: list[Any] | None,
         offsets: list[np.ndarray | None],
     ) -> None:
-        if status not in (APPLIED, LOCAL):
+        if status not in (APPLIED, LOCAL) or not self.peers:
             return
-        for s, peer in enumerate(self.peers):
-            piece = None if pieces is None else pieces[s]
-            peer.push.remote(worker, seq, piece, math.nan, offsets[s], None)
+        # Copies: the log keeps them after the worker's arguments are gone.
+        args = [
+            (worker, seq, None if pieces is None else np.array(pieces[s]), math.nan, offsets[s])
+            for s in range(len(self.peers))
+        ]
+        self.relay_log.append("push", args)
+        for peer, call in zip(self.peers, args):
+            peer.push.remote(*call)
 
     def _relay_pull(self, worker: int) -> list[Any]:
+        if not self.peers:
+            return []
         join, self.rejoined[worker] = self.rejoined[worker], False
+        self.relay_log.append("pull", [(worker, join)] * len(self.peers))
         return [peer.pull.remote(worker, join) for peer in self.peers]
+
+    # -- recovery of a lost shard s >= 1 (dana.dist.recovery) ---------------------------
+    def trim(self, shard: int, covered: int) -> None:
+        """The driver holds a snapshot of ``shard`` covering the relayed calls up to
+        ``covered``: drop the calls no shard needs any more."""
+        self.relay_log.trim(shard, covered)
+
+    def rebind(self, shard: int, actor: Any, covered: int) -> int:
+        """Shard ``shard`` is ``actor`` now, rebuilt from a snapshot covering the calls up
+        to ``covered``: send it the calls since, then relay to it. How many were sent."""
+        self.peers[shard - 1] = actor
+        return self.relay_log.replay(actor, shard, covered)
+
+    def relay_counters(self) -> dict[str, int]:
+        log = self.relay_log
+        return {
+            "relayed_calls": log.count,
+            "log_peak_calls": log.peak,
+            "log_peak_bytes": log.peak_bytes,
+        }
 
     # -- the driver's calls ---------------------------------------------------------------
     def poll(self) -> dict[str, Any]:
         snapshots, self.snapshots = self.snapshots, []
         waits, wait_time = self._waits()
+        recovery = None
+        if self.shard > 0 and time.time() - self.snapshot_at >= SNAPSHOT_SECONDS:
+            self.snapshot_at = time.time()
+            recovery = recovery_state(self)
         return {
+            "recovery": recovery,
             "log": self.log.drain(),
             "snapshots": snapshots,
             "steps": self.steps,
@@ -356,7 +401,10 @@ class ShardServer:
     def stop(self) -> list[Any]:
         """Stop; shard 0 that relays also stops the other shards, after every call it
         relayed to them (the references of those stops, for the driver to wait on)."""
+        self.calls += 1
         self.stopped = True
+        if self.peers:
+            self.relay_log.append("stop", [()] * len(self.peers))
         return [peer.stop.remote() for peer in self.peers]
 
     def forget(self, worker: int) -> None:
@@ -380,6 +428,7 @@ class ShardServer:
             "last_seq": list(self.last_seq),
             "applied": list(self.applied),
             "joins": list(self.joins),
+            "calls": self.calls,
         }
 
     # -- state --------------------------------------------------------------------------
