@@ -73,8 +73,10 @@ class Worker:
         algorithm = algorithms.build(self.config.algorithm, **self.config.algorithm_hparams())
         dtype = getattr(torch, self.config.dtype)
         self.rule = algorithm.worker(1, d, dtype)
+        # Several shards: the workers call shard 0 only, which relays (and whose lost
+        # peers the driver rebuilds under new names).
         self.link = ServerLink(
-            [ray.get_actor(name) for name in servers],
+            [ray.get_actor(servers[0]), *([None] * (len(servers) - 1))],
             Layout(d, self.config.servers, self.config.seed),
             index,
             dtype,
