@@ -158,8 +158,9 @@ def _check_reachable(address: str) -> None:
 
 
 def server_options(cpus: float = 1.0) -> dict[str, Any]:
-    """A server shard: ``cpus`` CPUs, spread over nodes, never restarted (a lost server
-    ends the run; ``--resume`` continues from the last checkpoint)."""
+    """A server shard: ``cpus`` CPUs, spread over nodes, never restarted by Ray (a new
+    process would have lost the shard's state): the driver rebuilds a lost shard
+    ``s >= 1`` itself (:mod:`dana.dist.recovery`); a lost shard 0 ends the run."""
     return {"num_cpus": cpus, "scheduling_strategy": "SPREAD", "max_restarts": 0}
 
 

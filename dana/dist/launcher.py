@@ -18,10 +18,15 @@ workers talk to the servers directly, and the driver only watches:
   worker and waits for all ``k`` pushes before the next round (a crashed worker is
   restarted and redoes its step; a push already applied is not applied twice).
 
+With several shards, shard 0 relays every call to the others, so that a push is applied
+on all shards or on none and all shards count alike; it keeps the calls it relayed, and
+a lost shard ``s >= 1`` is rebuilt from its latest snapshot (which the driver keeps)
+and those calls (:mod:`dana.dist.recovery`). A lost shard 0 raises
+:class:`~dana.errors.FaultError` (exit status 4: ``--resume``).
+
 ``--max-staleness s`` (asynchronous algorithms; ``ssgd`` ignores it, as in the
 simulator): shard 0 keeps the simulator's start and push gates
-(:mod:`dana.dist.gate`) and answers what they refuse with "wait"; with several shards
-it relays every call to the others, so that all shards count alike. The summary's
+(:mod:`dana.dist.gate`) and answers what they refuse with "wait". The summary's
 ``wait_time`` is the seconds workers spent waiting, summed over workers.
 
 Every ``POLL_SECONDS`` (and after every ``ssgd`` round) the driver drains the servers'
