@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import struct
@@ -475,6 +476,7 @@ def test_two_nodes_the_second_lost_mid_run(tmp_path):
         assert driver.returncode == 0, err[-3000:]
     finally:
         kill_tree(str(temp))
+        shutil.rmtree(temp, ignore_errors=True)
     dist = json.loads((out / "dist.json").read_text())
     ips = {name: where["ip"] for name, where in dist["placement"].items()}
     print(json.dumps({"placement": ips, "rebuilt": dist["shards_rebuilt"]}))
