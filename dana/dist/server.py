@@ -344,7 +344,7 @@ class ShardServer:
             return
         # Copies: the log keeps them after the worker's arguments are gone.
         args = [
-            (worker, seq, None if pieces is None else np.array(pieces[s]), math.nan, offsets[s])
+            (worker, seq, _copy(None if pieces is None else pieces[s]), math.nan, _copy(offsets[s]))
             for s in range(len(self.peers))
         ]
         self.relay_log.append("push", args)
@@ -532,6 +532,10 @@ class ShardServer:
         if point in self.checkpoints:
             snap["state"] = self.state()
         self.snapshots.append(snap)
+
+
+def _copy(array: np.ndarray | None) -> np.ndarray | None:
+    return None if array is None else np.array(array)
 
 
 _STATE_COUNTERS = (
