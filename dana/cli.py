@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_FAULT = 4  # a fault the run could not survive (a lost server shard): --resume
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -308,7 +309,7 @@ def _extra_commands() -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dana.errors import DanaError
+    from dana.errors import DanaError, FaultError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -317,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     except DanaError as e:
         print(f"dana: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except FaultError as e:
+        print(f"dana: fault: {e}", file=sys.stderr)
+        return EXIT_FAULT
     except KeyboardInterrupt:
         print("dana: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

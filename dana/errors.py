@@ -16,3 +16,9 @@ class DataError(DanaError, ValueError):
 
 class ConfigError(DanaError, ValueError):
     """An option or a config file is out of range or invalid."""
+
+
+class FaultError(Exception):
+    """A fault the run could not survive (a lost parameter-server shard, a lost node): not
+    bad input. The command line prints the message (it says how to continue, usually
+    ``dana train --resume``) and exits with status 4."""

@@ -3,10 +3,17 @@
 - No ``--address``: start a new single-node Ray for this command only
   (``ray.init(address="local")``, no dashboard), with as many logical CPUs as the run
   has actors (each server and worker reserves one, so that on a real cluster one
-  worker takes one core), and shut it down at the end, whatever happens.
+  worker takes one core), bound to the loopback interface only (:func:`_loopback`),
+  and shut it down at the end, whatever happens.
 - ``--address ADDR`` (e.g. ``auto``, or ``HEAD_IP:6379`` from ``ray start --head``):
-  join that cluster; it stays up afterwards.
+  join that cluster; it stays up afterwards. A cluster that requires Ray's token
+  authentication is detected before joining (:mod:`dana.dist.auth`).
 - Ray already initialised in this process (a notebook, a test): use it as it is.
+
+CPUs: every actor asks for one logical CPU. When the cluster has fewer than the run has
+actors, :func:`cpus_per_actor` gives each the largest fraction ``1/m`` that lets all of
+them be placed (they then share cores; a warning says so), instead of leaving the ones
+that do not fit pending for ever.
 
 Actor placement: servers and workers use the ``SPREAD`` scheduling strategy, so on a
 cluster the ``S`` server shards land on different nodes when there are several.
@@ -16,8 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,17 +61,86 @@ def ray_session(address: str | None, actors: int) -> Iterator[None]:
     try:
         if address:
             _check_reachable(address)
+            from dana.dist.auth import check_token
+
+            check_token(address)
             ray.init(address=address, **options)
         else:
             cpus = max(os.cpu_count() or 1, actors)
-            ray.init(address="local", num_cpus=cpus, **options)
-    except (ConnectionError, RuntimeError, ValueError) as e:
+            with _loopback(ray):
+                ray.init(address="local", num_cpus=cpus, _node_ip_address=LOOPBACK, **options)
+    except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as e:
         where = f"the Ray cluster at --address {address}" if address else "a local Ray"
         raise DanaError(f"could not start or join {where}: {e}") from None
     try:
         yield
     finally:
         ray.shutdown()
+
+
+#: The address a local Ray binds to and advertises.
+LOOPBACK = "127.0.0.1"
+
+
+@contextlib.contextmanager
+def _loopback(ray: Any) -> Iterator[None]:
+    """Make a new local Ray keep ``_node_ip_address="127.0.0.1"``.
+
+    Ray (2.60) rewrites a loopback node address to the machine's outward address unless
+    it believes clusters are off (its ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` switch, read
+    once at import); then every server of the node (GCS, raylet, object manager, the
+    workers' gRPC ports, the agents) binds to the address given. Turned off only while
+    ``ray.init`` starts the node, so joining a cluster later in this process is
+    unaffected. If the switch is gone in another Ray version, nothing is changed.
+    """
+    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    if constants is None or not hasattr(constants, "ENABLE_RAY_CLUSTER"):
+        yield
+        return
+    before = constants.ENABLE_RAY_CLUSTER
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = before
+
+
+def cpus_per_actor(node_cpus: list[float], actors: int) -> float:
+    """The logical CPUs each of ``actors`` actors asks for, so that all can be placed on
+    nodes with ``node_cpus`` CPUs each: 1, or the largest ``1/m`` with
+    ``sum(floor(c * m)) >= actors``.
+
+    >>> cpus_per_actor([8.0], 5), cpus_per_actor([2.0], 5), cpus_per_actor([1.0, 1.0], 3)
+    (1.0, 0.3333333333333333, 0.5)
+    """
+    if sum(math.floor(c + 1e-9) for c in node_cpus) >= actors:
+        return 1.0
+    if not any(c > 0 for c in node_cpus):
+        raise DanaError(
+            "the Ray cluster has no CPUs for the run's actors; start its nodes with "
+            "`ray start --num-cpus N` (N >= 1)"
+        )
+    m = 2
+    while sum(math.floor(c * m + 1e-9) for c in node_cpus) < actors:
+        m += 1
+    return 1.0 / m
+
+
+def placement(ray: Any, actors: int) -> float:
+    """:func:`cpus_per_actor` for the live nodes of the connected cluster; warns on
+    stderr when the actors must share CPUs."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    node_cpus = [float(n.get("Resources", {}).get("CPU", 0.0)) for n in nodes]
+    share = cpus_per_actor(node_cpus, actors)
+    if share < 1.0:
+        print(
+            f"dana: the Ray cluster has {sum(node_cpus):g} CPUs for the run's {actors} "
+            f"actors (workers and server shards): each gets {share:.3g} CPU and they "
+            "share cores; add CPUs (`ray start --num-cpus`) or fewer --workers for one "
+            "core each",
+            file=sys.stderr,
+        )
+    return share
 
 
 def _check_reachable(address: str) -> None:
@@ -79,17 +157,26 @@ def _check_reachable(address: str) -> None:
         ) from None
 
 
-def server_options() -> dict[str, Any]:
-    """A server shard: one CPU, spread over nodes, never restarted (a lost server ends
-    the run; ``--resume`` continues from the last checkpoint)."""
-    return {"num_cpus": 1, "scheduling_strategy": "SPREAD", "max_restarts": 0}
+def server_options(cpus: float = 1.0) -> dict[str, Any]:
+    """A server shard: ``cpus`` CPUs, spread over nodes, never restarted by Ray (a new
+    process would have lost the shard's state): the driver rebuilds a lost shard
+    ``s >= 1`` itself (:mod:`dana.dist.recovery`); a lost shard 0 ends the run."""
+    return {"num_cpus": cpus, "scheduling_strategy": "SPREAD", "max_restarts": 0}
 
 
-def worker_options() -> dict[str, Any]:
-    """A worker: one CPU, spread over nodes, restarted after a crash."""
+def worker_options(cpus: float = 1.0) -> dict[str, Any]:
+    """A worker: ``cpus`` CPUs, spread over nodes, restarted after a crash."""
     return {
-        "num_cpus": 1,
+        "num_cpus": cpus,
         "scheduling_strategy": "SPREAD",
         "max_restarts": WORKER_RESTARTS,
         "max_task_retries": 0,
     }
+
+
+def node_of() -> dict[str, str]:
+    """The node this process (an actor) runs on: its IP address and Ray node id."""
+    import ray
+
+    context = ray.get_runtime_context()
+    return {"ip": ray.util.get_node_ip_address(), "node": context.get_node_id()}

@@ -18,10 +18,15 @@ workers talk to the servers directly, and the driver only watches:
   worker and waits for all ``k`` pushes before the next round (a crashed worker is
   restarted and redoes its step; a push already applied is not applied twice).
 
+With several shards, shard 0 relays every call to the others, so that a push is applied
+on all shards or on none and all shards count alike; it keeps the calls it relayed, and
+a lost shard ``s >= 1`` is rebuilt from its latest snapshot (which the driver keeps)
+and those calls (:mod:`dana.dist.recovery`). A lost shard 0 raises
+:class:`~dana.errors.FaultError` (exit status 4: ``--resume``).
+
 ``--max-staleness s`` (asynchronous algorithms; ``ssgd`` ignores it, as in the
 simulator): shard 0 keeps the simulator's start and push gates
-(:mod:`dana.dist.gate`) and answers what they refuse with "wait"; with several shards
-it relays every call to the others, so that all shards count alike. The summary's
+(:mod:`dana.dist.gate`) and answers what they refuse with "wait". The summary's
 ``wait_time`` is the seconds workers spent waiting, summed over workers.
 
 Every ``POLL_SECONDS`` (and after every ``ssgd`` round) the driver drains the servers'
@@ -49,6 +54,7 @@ from dana.dist.checkpoint import build_state, check_state, to_numpy
 from dana.dist.cluster import (
     WORKER_RESTARTS,
     import_ray,
+    placement,
     ray_session,
     server_options,
     worker_options,
@@ -57,7 +63,7 @@ from dana.dist.layout import Layout
 from dana.dist.log import LogMerger
 from dana.dist.server import ShardServer
 from dana.dist.worker import Worker
-from dana.errors import ConfigError, DanaError
+from dana.errors import ConfigError, DanaError, FaultError
 from dana.sim.timing import write_trace
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
@@ -67,6 +73,9 @@ from dana.train.runner import _mean, stop_points, summarize
 
 #: Seconds between two looks of the driver at the servers.
 POLL_SECONDS = 0.2
+
+#: Seconds the actors have to start (build their problem) before the run gives up.
+READY_SECONDS = 300.0
 
 
 class RayRun:
@@ -81,9 +90,10 @@ class RayRun:
         algorithm = algorithms.get(config.algorithm)
         self.batches_per_epoch = problem.dataset.train_size // config.batch_size
         self.synchronous = algorithm.synchronous
-        # Bounded staleness (ssgd ignores it): shard 0 gates, and relays when S > 1.
+        # Bounded staleness (ssgd ignores it): shard 0 gates. With S > 1 shards shard 0
+        # relays every call to the others, so a push is applied on all shards or on none.
         self.bounded = config.max_staleness is not None and not self.synchronous
-        self.relay = self.bounded and self.S > 1
+        self.relay = self.S > 1
         self.wait_time, self.waits = 0.0, 0
         self.rows: list[dict[str, float]] = []
         self.logged = 0  # pushes already summarised in a metrics row
@@ -99,6 +109,11 @@ class RayRun:
         self.last_seq_sent = [0] * self.k  # from the workers' last completed run() calls
         self.worker_counts: Counter[str] = Counter()
         self.counters: dict[str, Any] = {}
+        self.cpus = 1.0  # logical CPUs per actor (fewer when the cluster is short)
+        self.placement: dict[str, dict[str, str]] = {}  # actor -> its node
+        self.recovery: list[dict[str, Any] | None] = [None] * self.S  # latest snapshots
+        self.rebuilt: list[dict[str, Any]] = []  # one record per shard rebuilt
+        self.last_point = [-1] * self.S  # the last evaluation/checkpoint point received
         self.servers: list[Any] = []  # the actors, while the run executes
         self.workers: list[Any] = []
         self.snapshots: list[list[dict[str, Any]]] = [[] for _ in range(self.S)]
@@ -145,6 +160,7 @@ class RayRun:
                 else:
                     self._run_free(ray, servers, workers, progress)
                 self._stop(ray, servers)
+                self._settle(ray)
                 self._poll(ray, servers)
                 self.merger.finish()
                 self._process_points(ray, servers, progress)
@@ -173,33 +189,58 @@ class RayRun:
         config = self.config.to_dict()
         layout = Layout(self.d, self.S, self.config.seed)
         initial = self.problem.initial_params().numpy()
-        names = [f"dana-{uuid.uuid4().hex[:12]}-shard{s}" for s in range(self.S)]
+        self.prefix = f"dana-{uuid.uuid4().hex[:12]}"
+        names = [f"{self.prefix}-shard{s}" for s in range(self.S)]
         checkpoints = sorted(self.checkpoints)
-        self.servers = servers = [
-            ray.remote(ShardServer)
-            .options(name=names[s], **server_options())
-            .remote(
-                config,
-                s,
-                initial[lo:hi],
-                d=self.d,
-                batches_per_epoch=self.batches_per_epoch,
-                end=None if self.synchronous else self.end,
-                evals=sorted(self.evals),
-                checkpoints=checkpoints,
-                state=None if self.saved_servers is None else self.saved_servers[s],
-                peers=names[1:] if self.relay and s == 0 else None,
+        self.cpus = cpus = placement(ray, self.k + self.S)
+        # What a shard is built from: again when a lost one is rebuilt (dana.dist.recovery)
+        self.server_args = [
+            (
+                (config, s, initial[lo:hi]),
+                dict(
+                    d=self.d,
+                    batches_per_epoch=self.batches_per_epoch,
+                    end=None if self.synchronous else self.end,
+                    evals=sorted(self.evals),
+                    checkpoints=checkpoints,
+                    state=None if self.saved_servers is None else self.saved_servers[s],
+                ),
             )
             for s, (lo, hi) in enumerate(layout.bounds)
         ]
-        worker_cls = ray.remote(Worker).options(**worker_options())
+        # Shard 0 orders the run and keeps the log to rebuild the others: on the driver's
+        # node, whose loss would end the run anyway.
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        self.servers = servers = [
+            ray.remote(ShardServer)
+            .options(
+                name=names[s],
+                **{**server_options(cpus), **({"scheduling_strategy": here} if s == 0 else {})},
+            )
+            .remote(*args, **kwargs, peers=names[1:] if self.relay and s == 0 else None)
+            for s, (args, kwargs) in enumerate(self.server_args)
+        ]
+        worker_cls = ray.remote(Worker).options(**worker_options(cpus))
         self.workers = workers = [
             worker_cls.remote(config, i, names, self.d) for i in range(self.k)
         ]
+        calls = [s.ready.remote() for s in servers] + [w.ready.remote() for w in workers]
         try:
-            ray.get([w.ready.remote() for w in workers] + [s.ready.remote() for s in servers])
+            where = ray.get(calls, timeout=READY_SECONDS)
+        except ray.exceptions.GetTimeoutError:
+            raise DanaError(
+                f"the run's {len(calls)} Ray actors ({self.S} server shards, {self.k} "
+                f"workers, {cpus:.3g} CPU each) did not all start within "
+                f"{READY_SECONDS:g} s; the cluster has {ray.available_resources()} free "
+                f"of {ray.cluster_resources()}: free CPUs (other jobs may hold them) or "
+                "use fewer --workers"
+            ) from None
         except ray.exceptions.RayError as e:
             raise DanaError(f"the Ray actors could not start: {e}") from None
+        names_of = [f"shard{s}" for s in range(self.S)] + [f"worker{i}" for i in range(self.k)]
+        self.placement = dict(zip(names_of, where))
         return servers, workers
 
     def _run_free(
@@ -270,22 +311,113 @@ class RayRun:
     # -- what the servers report --------------------------------------------------------
     def _stop(self, ray: Any, servers: list[Any]) -> None:
         """Stop every shard (a relaying shard 0 stops the others after what it relayed)."""
-        if self.relay:
-            ray.get(ray.get(servers[0].stop.remote()))
-        else:
-            ray.get([s.stop.remote() for s in servers])
+        if not self.relay:
+            self._call_all(ray, "stop")
+            return
+        try:
+            refs = ray.get(self.servers[0].stop.remote())
+        except ray.exceptions.RayActorError:
+            self._call_all(ray, "ready")  # raises the FaultError of a lost shard 0
+            raise
+        for s, ref in enumerate(refs, start=1):
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:  # the stop is in the log: replayed
+                self._rebuild(ray, s)
+
+    def _settle(self, ray: Any, timeout: float = READY_SECONDS) -> None:
+        """Wait until every shard has run every call shard 0 relayed to it (a rebuilt
+        shard runs the replayed ones first), so that the last poll has everything."""
+        if not self.relay:
+            return
+        deadline = time.time() + timeout
+        while True:
+            count = ray.get(self.servers[0].relay_counters.remote())["relayed_calls"]
+            shards = self._call_all(ray, "counters")[1:]
+            if all(c is not None and c["calls"] == count for c in shards):
+                return
+            if time.time() > deadline:
+                raise FaultError(
+                    f"the server shards did not all run the {count} calls shard 0 relayed "
+                    f"within {timeout:g} s; continue from the last checkpoint with "
+                    f"`dana train --resume {self.run.path}`"
+                )
+            time.sleep(POLL_SECONDS / 4)
+
+    def _call_all(self, ray: Any, method: str) -> list[Any]:
+        """Every shard's reply to ``method`` (None from a shard just rebuilt, whose replayed
+        calls may not have run yet); a lost shard ``s >= 1`` is rebuilt, a lost shard 0
+        ends the run (:class:`FaultError`)."""
+        refs = [getattr(server, method).remote() for server in self.servers]
+        replies: list[Any] = []
+        for s, ref in enumerate(refs):
+            try:
+                replies.append(ray.get(ref))
+            except ray.exceptions.RayActorError as e:
+                if s == 0 or not self.relay:
+                    raise FaultError(
+                        f"parameter-server shard {s} was lost ({type(e).__name__}); "
+                        + (
+                            "a run with one shard"
+                            if not self.relay
+                            else "shard 0 orders the run and"
+                        )
+                        + " cannot rebuild it: continue from the last checkpoint with "
+                        f"`dana train --resume {self.run.path}`"
+                    ) from None
+                self._rebuild(ray, s)
+                replies.append(None)
+        return replies
+
+    def _rebuild(self, ray: Any, s: int) -> None:
+        """Rebuild lost shard ``s >= 1`` from its latest snapshot and shard 0's log of the
+        calls since (:mod:`dana.dist.recovery`); the run goes on meanwhile."""
+        started = time.time()
+        saved = self.recovery[s]
+        args, kwargs = self.server_args[s]
+        name = f"{self.prefix}-shard{s}-rebuilt{len(self.rebuilt) + 1}"
+        actor = (
+            ray.remote(ShardServer)
+            .options(name=name, **server_options(self.cpus))
+            .remote(*args, **kwargs, recovered=saved)
+        )
+        try:
+            where = ray.get(actor.ready.remote(), timeout=READY_SECONDS)
+            replayed = ray.get(
+                self.servers[0].rebind.remote(s, actor, 0 if saved is None else saved["calls"])
+            )
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
+            raise FaultError(
+                f"parameter-server shard {s} was lost and could not be rebuilt ({e}); "
+                f"continue from the last checkpoint with `dana train --resume {self.run.path}`"
+            ) from None
+        self.servers[s] = actor
+        self.rebuilt.append(
+            {
+                "shard": s,
+                "steps": self.steps,
+                "snapshot_age": None if saved is None else started - saved["time"],
+                "replayed_calls": replayed,
+                "seconds": time.time() - started,
+                "node": where,
+            }
+        )
 
     def _poll(self, ray: Any, servers: list[Any]) -> None:
-        try:
-            replies = ray.get([s.poll.remote() for s in servers])
-        except ray.exceptions.RayActorError as e:
-            raise DanaError(
-                f"a parameter server died ({e}); continue from the last checkpoint with "
-                f"`dana train --resume {self.run.path}`"
-            ) from None
+        replies = self._call_all(ray, "poll")
         for s, reply in enumerate(replies):
+            if reply is None:
+                continue
+            if reply["recovery"] is not None:
+                self.recovery[s] = reply["recovery"]
+                self.servers[0].trim.remote(s, reply["recovery"]["calls"])
             self.merger.add(s, reply["log"])
-            self.snapshots[s].extend(reply["snapshots"])
+            # A rebuilt shard takes again the snapshots its lost self took after its
+            # latest recovery snapshot: keep the first of each point.
+            fresh = [snap for snap in reply["snapshots"] if snap["point"] > self.last_point[s]]
+            if fresh:
+                self.last_point[s] = fresh[-1]["point"]
+            self.snapshots[s].extend(fresh)
         head = replies[0]
         self.steps, self.updates, self.pushes = head["steps"], head["updates"], head["pushes"]
         self.waits, self.wait_time = head["waits"], head["wait_time"]
@@ -387,7 +519,11 @@ class RayRun:
         progress.update(self.steps, loss)
 
     def _counters(self, ray: Any, servers: list[Any], startup: float) -> dict[str, Any]:
-        shards = ray.get([s.counters.remote() for s in servers])
+        shards = self._call_all(ray, "counters")
+        while None in shards:  # a shard lost at the very end: rebuilt, asked again
+            self._settle(ray)
+            shards = self._call_all(ray, "counters")
+        relay = ray.get(self.servers[0].relay_counters.remote()) if self.relay else {}
         log_times = self.merger.log.sim_time
         if len(log_times):
             self.sim_time = max(self.sim_time, log_times[-1])
@@ -397,6 +533,9 @@ class RayRun:
             "max_staleness": self.config.max_staleness if self.bounded else None,
             "relayed": self.relay,
             "startup_seconds": startup,
+            "cpus_per_actor": self.cpus,
+            # where each actor started: its node's IP address and id
+            "placement": self.placement,
             # Every push a worker numbered (its last seq): applied once, or answered
             # "stop" after the run's last step; a crashed worker renumbers from the
             # servers' last applied seq, so a push lost in flight is not counted.
@@ -409,6 +548,9 @@ class RayRun:
             "wait_time": shards[0]["wait_time"],
             "failed_run_calls": self.failed_calls,
             "workers_lost": self.lost,
+            # shards rebuilt after their loss (dana.dist.recovery), and shard 0's log
+            "shards_rebuilt": self.rebuilt,
+            **relay,
             "worker_replies": dict(self.worker_counts),
             "shards": shards,
         }

@@ -6,15 +6,20 @@ splits the message into the shards' contiguous slices (numpy views; Ray copies e
 its object store once) and sends them concurrently. See :mod:`dana.dist.server` for the
 calls and their replies.
 
-With ``relay`` (bounded staleness and ``S > 1``) every call goes to shard 0 only, which
-makes it on the other shards itself, in its own order: the other shards' slices travel
-as object references (``ray.put`` here, fetched by their shard), and their pull replies
-come back as references this link fetches.
+With ``relay`` (always, when ``S > 1``) every call goes to shard 0 only, which makes it
+on the other shards itself, in its own order: the other shards' slices go to shard 0
+with the call, and shard 0 sends each to its shard; their pull replies come back as
+references this link fetches directly. A push is therefore applied on every shard or
+on none: shard 0 takes it or not, and relays what it takes from its own copies, even
+if this worker dies the moment after. (Slices this worker had put in Ray's object store
+would be owned by it and die with it: the push would then be applied on shard 0 only.
+Ray >= 2.56 no longer lets a process put an object owned by another.)
 """
 
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from typing import Any
 
@@ -24,7 +29,11 @@ import torch
 from torch import Tensor
 
 from dana.dist.layout import Layout
-from dana.dist.server import PARAMS, STOP
+from dana.dist.server import PARAMS, STOP, WAIT
+
+#: Seconds a worker waits before asking again after a shard was lost (while the driver
+#: rebuilds it).
+LOST_PAUSE = 0.05
 
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
@@ -42,7 +51,6 @@ class ServerLink:
         self.relay = relay and len(servers) > 1
         self.probes = [torch.from_numpy(p) for p in layout.probes]
         self.buffer = torch.empty(layout.d, dtype=dtype) if len(servers) > 1 else None
-        self.sent: tuple[int, list[Any]] | None = None  # relay: (seq, its slices' refs)
 
     def pull(self, join: bool = False) -> tuple[str, Tensor | None, float, int, int]:
         """(status, parameters (None unless status is "params": "stop" once the run is
@@ -50,11 +58,15 @@ class ServerLink:
         joins so far)."""
         if self.relay:
             *head, refs = ray.get(self.servers[0].relay_pull.remote(self.worker, join))
-            replies = [tuple(head), *ray.get(refs)]
+            others = self._replies(refs)
+            if others is None:  # a shard was lost: pull again once it is rebuilt
+                return WAIT, None, head[2], head[3], head[4]
+            replies = [tuple(head), *others]
         else:
             replies = ray.get([s.pull.remote(self.worker, join) for s in self.servers])
-        status, _, lr, _, joins = replies[0]
-        last_seq = max(r[3] for r in replies)
+        # Shard 0 decides which pushes are applied (the others apply what it relays):
+        # its last seq is the worker's on every shard.
+        status, _, lr, last_seq, joins = replies[0]
         if any(r[0] == STOP for r in replies):
             return STOP, None, lr, last_seq, joins
         if status != PARAMS:
@@ -94,7 +106,9 @@ class ServerLink:
             )
             if params is None:
                 return [status], None, lr
-            replies = ray.get(refs)
+            replies = self._replies(refs)
+            if replies is None:  # a shard was lost: the worker pulls on its own
+                return [status], None, lr
             if any(r[0] != PARAMS for r in replies):
                 return [status, STOP], None, lr  # (another shard only refuses when stopped)
             return [status], self._join([params, *(r[1] for r in replies)]), lr
@@ -103,6 +117,15 @@ class ServerLink:
         if any(r[1] is None for r in replies):
             return statuses, None, replies[0][2]
         return statuses, self._join([r[1] for r in replies]), replies[0][2]
+
+    def _replies(self, refs: list[Any]) -> list[Any] | None:
+        """The other shards' replies; None if one of them was lost (its pull is gone;
+        pushes are not: shard 0 replays them into the shard it rebuilds)."""
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError:
+            time.sleep(LOST_PAUSE)
+            return None
 
     def _parts(
         self, message: Tensor | None, offset: Tensor | None
@@ -148,14 +171,11 @@ class ServerLink:
         offset: Tensor | None,
         buffers: dict[str, np.ndarray] | None,
     ) -> Any:
-        """Call shard 0's relaying ``method``; the other shards' slices go by reference
-        (in a list: Ray hands them to shard 0 unresolved, and resolves each at its shard)."""
+        """Call shard 0's relaying ``method``, with the other shards' slices."""
         pieces, offsets = self._parts(message, offset)
-        others = None
-        if pieces is not None:  # put once: a held push is sent again with the same seq
-            if self.sent is None or self.sent[0] != seq:
-                self.sent = seq, [ray.put(piece) for piece in pieces[1:]]
-            others = self.sent[1]
+        # By value: shard 0 holds them once it runs the call, and relays its own copies
+        # (a reference to an object this worker put would die with the worker).
+        others = None if pieces is None else pieces[1:]
         return getattr(self.servers[0], method).remote(
             self.worker,
             seq,

@@ -13,6 +13,10 @@ joins the shards' parts of each push by ``(worker, seq)``:
 - gap: ``sqrt(sum of squares / number of probes)`` over all shards;
 - loss, lr, time, duration: from shard 0, which also fixes the order of the log.
 
+A shard rebuilt after its loss (:mod:`dana.dist.recovery`) reports again the pushes
+replayed since its snapshot; entries of a worker with a seq not above the last one taken
+from that shard are dropped.
+
 The merged log is a :class:`dana.sim.simulator.PushLog` (the simulator's, so
 :func:`dana.train.runner.summarize` reads both alike) plus the step durations that
 become ``step_times.csv``.
@@ -81,6 +85,7 @@ class LogMerger:
         self.updates = array("l")  # master updates after each push (for divergence)
         self._primary: deque[tuple] = deque()
         self._parts: dict[tuple[int, int], list[float]] = {}
+        self._seen: dict[tuple[int, int], int] = {}  # (shard, worker) -> last seq taken
 
     def __len__(self) -> int:
         return len(self.log)
@@ -92,6 +97,12 @@ class LogMerger:
             self._primary.extend(rows)
         else:
             for w, seq, stale, gap_sq, gap_n, *_ in rows:
+                # A rebuilt shard replays the pushes since its snapshot, some of which
+                # its lost self had reported: a worker's pushes come in order, so a seq
+                # not above the last one taken is such a repeat.
+                if seq <= self._seen.get((shard, w), 0):
+                    continue
+                self._seen[(shard, w)] = seq
                 part = self._parts.setdefault((w, seq), [0, 0.0, 0, 0])
                 part[0] = max(part[0], stale)
                 part[1] += gap_sq

@@ -38,16 +38,19 @@ Bounded staleness (``max_staleness`` set, an asynchronous algorithm): shard 0 ke
 ``status == "wait"`` (no parameters); a push the push gate holds is answered ``"wait"``
 and not applied, its sequence number not taken: the worker sends it again (the same
 ``seq``) a moment later. ``exchange`` whose push is applied but whose pull must wait
-answers with the push's status and no parameters; the worker then pulls. With ``S > 1``
-shards, shard 0 relays: the workers call only shard 0 (``relay_pull``,
-``relay_push``, ``relay_exchange``, which carry the other shards' slices of the message
-as object references), and shard 0, once it has applied a push or served a pull, makes
-the same call on every other shard itself. Ray runs the calls of one caller on an
-actor in the order they were made, so every shard applies the same pushes and serves
-the same pulls in the same order: its counts, and so its staleness, are shard 0's.
-``relay_pull`` and ``relay_exchange`` add to their reply the references of the other
-shards' replies, which the worker fetches directly (the data do not pass through
-shard 0 either way).
+answers with the push's status and no parameters; the worker then pulls.
+
+Several shards (``S > 1``): shard 0 relays. The workers call only shard 0
+(``relay_pull``, ``relay_push``, ``relay_exchange``, which carry the other shards'
+slices of the message), and shard 0, once it has applied a push or served a pull, makes
+the same call on every other shard itself, sending each its slice from shard 0's own
+copy. Ray runs the calls of one caller on an actor in the order they were made, so
+every shard applies the same pushes and serves the same pulls in the same order: its
+counts, and so its staleness, are shard 0's; and a push is applied on all shards or on
+none, also when its worker dies during the call (a worker that rejoins numbers on from
+shard 0's last seq, which is every shard's). ``relay_pull`` and ``relay_exchange`` add
+to their reply the references of the other shards' replies, which the worker fetches
+directly (pulled parameters do not pass through shard 0).
 
 Counters: ``steps`` (gradient computations, local ones included: the simulator's
 ``steps``; epochs are ``steps / batches_per_epoch``), ``pushes`` (messages applied) and
@@ -74,6 +77,7 @@ from dana.algorithms.base import MasterRule
 from dana.dist.gate import StalenessGate
 from dana.dist.layout import Layout
 from dana.dist.log import ShardLog
+from dana.dist.recovery import SNAPSHOT_SECONDS, RelayLog, load_recovery, recovery_state
 from dana.train.config import TrainConfig
 from dana.train.runner import build_schedule
 from dana.train.schedule import schedule_epoch
@@ -99,8 +103,11 @@ class ShardServer:
         evals, checkpoints: the step counts at which to snapshot for an evaluation, and
             for a checkpoint.
         state: a checkpointed :meth:`state` to continue from.
-        peers: shard 0 of a sharded run with bounded staleness: the names of the other
-            shards' actors, to which it relays every call (resolved by :meth:`begin`).
+        peers: shard 0 of a sharded run: the names of the other shards' actors, to which
+            it relays every call (resolved by :meth:`begin`), keeping the calls in a
+            :class:`~dana.dist.recovery.RelayLog` to rebuild a lost one.
+        recovered: a shard ``s >= 1`` rebuilt after its loss: its latest
+            :func:`~dana.dist.recovery.recovery_state`.
     """
 
     def __init__(
@@ -116,6 +123,7 @@ class ShardServer:
         checkpoints: list[int],
         state: dict[str, Any] | None = None,
         peers: list[str] | None = None,
+        recovered: dict[str, Any] | None = None,
     ):
         torch.set_num_threads(1)
         cfg = TrainConfig.from_dict(config)
@@ -126,6 +134,9 @@ class ShardServer:
         self.gate = StalenessGate(cfg.max_staleness) if bounded and shard == 0 else None
         self.peer_names = list(peers or [])
         self.peers: list[Any] = []  # their actor handles, once begin() has run
+        self.relay_log = RelayLog(len(self.peer_names)) if self.peer_names else None
+        self.calls = 0  # pulls, pushes and stops run (on s >= 1: the relayed calls)
+        self.snapshot_at = -math.inf  # when the last recovery snapshot was taken
         self.rejoined = [False] * self.k  # relay: a join to pass on with the next pull
         self.master = algorithm.master(torch.from_numpy(params), self.k)  # (a copy)
         self._plain_pull = type(self.master).pull is MasterRule.pull  # pull == copy theta
@@ -164,10 +175,14 @@ class ShardServer:
         self.points = sorted(self.evals | self.checkpoints)
         if end is not None and self.steps >= end:
             self.stopped = True
+        if recovered is not None:
+            load_recovery(self, recovered)
 
     # -- the protocol -------------------------------------------------------------------
-    def ready(self) -> bool:
-        return True
+    def ready(self) -> dict[str, str]:
+        from dana.dist.cluster import node_of
+
+        return node_of()
 
     def begin(self, clock_zero: float) -> None:
         """Start the clock: log times are ``time.time() - clock_zero`` (the driver's
@@ -183,6 +198,7 @@ class ShardServer:
     def pull(
         self, worker: int, join: bool = False
     ) -> tuple[str, np.ndarray | None, float, int, int]:
+        self.calls += 1
         if join:
             self.joins[worker] += 1
             self.rejoined[worker] = True
@@ -202,6 +218,7 @@ class ShardServer:
         offset: np.ndarray | None = None,
         buffers: dict[str, np.ndarray] | None = None,
     ) -> str:
+        self.calls += 1
         if seq <= self.last_seq[worker]:
             self.duplicates += 1
             return DUPLICATE
@@ -291,8 +308,8 @@ class ShardServer:
     ) -> str:
         """:meth:`push`, then the same push on every other shard if it was taken.
 
-        ``pieces``: the other shards' slices of the message, as object references (in a
-        list, so that Ray hands them over unresolved; ``None`` for a local step);
+        ``pieces``: the other shards' slices of the message (``None`` for a local step),
+        which this shard sends on from its own copies (so they outlive the worker);
         ``offsets``: their probe coordinates of the worker's ``theta_offset``.
         """
         status = self.push(worker, seq, message, loss, offset, buffers)
@@ -323,21 +340,54 @@ class ShardServer:
         pieces: list[Any] | None,
         offsets: list[np.ndarray | None],
     ) -> None:
-        if status not in (APPLIED, LOCAL):
+        if status not in (APPLIED, LOCAL) or not self.peers:
             return
-        for s, peer in enumerate(self.peers):
-            piece = None if pieces is None else pieces[s]
-            peer.push.remote(worker, seq, piece, math.nan, offsets[s], None)
+        # Copies: the log keeps them after the worker's arguments are gone.
+        args = [
+            (worker, seq, _copy(None if pieces is None else pieces[s]), math.nan, _copy(offsets[s]))
+            for s in range(len(self.peers))
+        ]
+        self.relay_log.append("push", args)
+        for peer, call in zip(self.peers, args):
+            peer.push.remote(*call)
 
     def _relay_pull(self, worker: int) -> list[Any]:
+        if not self.peers:
+            return []
         join, self.rejoined[worker] = self.rejoined[worker], False
+        self.relay_log.append("pull", [(worker, join)] * len(self.peers))
         return [peer.pull.remote(worker, join) for peer in self.peers]
+
+    # -- recovery of a lost shard s >= 1 (dana.dist.recovery) ---------------------------
+    def trim(self, shard: int, covered: int) -> None:
+        """The driver holds a snapshot of ``shard`` covering the relayed calls up to
+        ``covered``: drop the calls no shard needs any more."""
+        self.relay_log.trim(shard, covered)
+
+    def rebind(self, shard: int, actor: Any, covered: int) -> int:
+        """Shard ``shard`` is ``actor`` now, rebuilt from a snapshot covering the calls up
+        to ``covered``: send it the calls since, then relay to it. How many were sent."""
+        self.peers[shard - 1] = actor
+        return self.relay_log.replay(actor, shard, covered)
+
+    def relay_counters(self) -> dict[str, int]:
+        log = self.relay_log
+        return {
+            "relayed_calls": log.count,
+            "log_peak_calls": log.peak,
+            "log_peak_bytes": log.peak_bytes,
+        }
 
     # -- the driver's calls ---------------------------------------------------------------
     def poll(self) -> dict[str, Any]:
         snapshots, self.snapshots = self.snapshots, []
         waits, wait_time = self._waits()
+        recovery = None
+        if self.shard > 0 and time.time() - self.snapshot_at >= SNAPSHOT_SECONDS:
+            self.snapshot_at = time.time()
+            recovery = recovery_state(self)
         return {
+            "recovery": recovery,
             "log": self.log.drain(),
             "snapshots": snapshots,
             "steps": self.steps,
@@ -351,7 +401,10 @@ class ShardServer:
     def stop(self) -> list[Any]:
         """Stop; shard 0 that relays also stops the other shards, after every call it
         relayed to them (the references of those stops, for the driver to wait on)."""
+        self.calls += 1
         self.stopped = True
+        if self.peers:
+            self.relay_log.append("stop", [()] * len(self.peers))
         return [peer.stop.remote() for peer in self.peers]
 
     def forget(self, worker: int) -> None:
@@ -375,6 +428,7 @@ class ShardServer:
             "last_seq": list(self.last_seq),
             "applied": list(self.applied),
             "joins": list(self.joins),
+            "calls": self.calls,
         }
 
     # -- state --------------------------------------------------------------------------
@@ -478,6 +532,10 @@ class ShardServer:
         if point in self.checkpoints:
             snap["state"] = self.state()
         self.snapshots.append(snap)
+
+
+def _copy(array: np.ndarray | None) -> np.ndarray | None:
+    return None if array is None else np.array(array)
 
 
 _STATE_COUNTERS = (

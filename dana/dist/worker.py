@@ -73,13 +73,14 @@ class Worker:
         algorithm = algorithms.build(self.config.algorithm, **self.config.algorithm_hparams())
         dtype = getattr(torch, self.config.dtype)
         self.rule = algorithm.worker(1, d, dtype)
-        bounded = self.config.max_staleness is not None and not algorithm.synchronous
+        # Several shards: the workers call shard 0 only, which relays (and whose lost
+        # peers the driver rebuilds under new names).
         self.link = ServerLink(
-            [ray.get_actor(name) for name in servers],
+            [ray.get_actor(servers[0]), *([None] * (len(servers) - 1))],
             Layout(d, self.config.servers, self.config.seed),
             index,
             dtype,
-            relay=bounded,  # (with one shard there is nothing to relay)
+            relay=True,  # (with one shard there is nothing to relay)
         )
         self.sends_offset = self.rule.theta_offset(1.0) is not None
         self.has_buffers = any(True for _ in self.problem.flat.module.buffers())
@@ -88,8 +89,10 @@ class Worker:
         self.seq = 0  # the sequence number of this worker's last push
         self.lr = 0.0  # the learning rate the servers gave with the last parameters
 
-    def ready(self) -> int:
-        return self.index
+    def ready(self) -> dict[str, str]:
+        from dana.dist.cluster import node_of
+
+        return node_of()
 
     def run(self, round_index: int | None = None) -> dict[str, int]:
         """Steps until the servers say stop (``round_index=None``), or one ``ssgd`` round.

@@ -1,0 +1,494 @@
+"""Faults on a real local Ray: killed workers and shards, a lost node, where Ray listens.
+
+One local Ray for the module, started by dana itself (:func:`dana.dist.cluster.ray_session`:
+bound to 127.0.0.1, no dashboard) with the machine's 2 CPUs, so that the runs' 5 or 7
+actors are placed with fractional CPUs. Every run checks, per shard and per worker, that
+every push was applied exactly once on every shard: the pushes applied equal the last
+sequence number, on every shard alike, with no gap and no repeat.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_dist import run_on_ray, tiny
+
+from dana.dist.log import LogMerger, ShardLog
+from dana.dist.recovery import RelayLog, recovery_state
+from dana.dist.server import ShardServer
+from dana.errors import DanaError, FaultError
+from dana.train.progress import Progress
+
+try:
+    import ray
+except ImportError:  # the units still run
+    ray = None
+
+needs_ray = pytest.mark.skipif(ray is None, reason="needs Ray: pip install 'ray>=2.9'")
+
+
+# -- units, no Ray ------------------------------------------------------------------------
+class Direct:
+    """An actor handle stand-in: ``handle.method.remote(...)`` calls ``target.method``."""
+
+    def __init__(self, target: Any):
+        self.target = target
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.target, name)
+        return type("Method", (), {"remote": staticmethod(method)})
+
+
+def test_the_relay_log_keeps_calls_until_every_shard_has_a_snapshot():
+    log = RelayLog(peers=2)
+    for n in range(1, 6):
+        piece = np.full(4, n, np.float32)
+        log.append("push", [(0, n, piece, 0.0, None), (0, n, piece[:2], 0.0, None)])
+    assert log.bytes == 5 * (16 + 8)
+    log.trim(1, 3)  # shard 2 has no snapshot yet: everything stays
+    assert len(log.calls) == 5
+    log.trim(2, 2)
+    assert [n for n, *_ in log.calls] == [3, 4, 5] and log.bytes == 3 * 24
+    got: list[tuple] = []
+
+    class Recorder:
+        push = type("M", (), {"remote": staticmethod(lambda *a: got.append(a))})
+
+    assert log.replay(Recorder(), shard=1, covered=3) == 2
+    assert [a[1] for a in got] == [4, 5] and len(got[0][2]) == 4  # shard 1's slices
+    with pytest.raises(RuntimeError, match="gone"):
+        log.replay(Recorder(), shard=2, covered=1)  # trimmed: cannot be rebuilt from there
+    assert log.peak == 5 and log.peak_bytes == 5 * 24
+
+
+def test_a_rebuilt_shard_is_the_lost_one():
+    """Shard 1 rebuilt from a snapshot and shard 0's log equals its twin that was never
+    lost: the same parameters and counters, bit for bit."""
+    config = tiny(algorithm="dana-slim", workers=2, servers=2, lr=0.1, warmup_epochs=0)
+    d, half = 8, 4
+    options = dict(d=d, batches_per_epoch=100, end=40, evals=[], checkpoints=[])
+
+    def shard(s: int, **kw: Any) -> ShardServer:
+        return ShardServer(config.to_dict(), s, np.zeros(half, np.float32), **options, **kw)
+
+    lost, twin = shard(1), shard(1)
+    head = shard(0, peers=["shard1"])
+    head.peer_names = []  # (no Ray: the handles are set by hand)
+    head.begin(0.0)
+
+    class Both:  # shard 0 relays to the shard that will be lost and to its twin
+        def __getattr__(self, name: str) -> Any:
+            def call(*args: Any) -> None:
+                getattr(lost, name)(*args)
+                getattr(twin, name)(*args)
+
+            return type("M", (), {"remote": staticmethod(call)})
+
+    head.peers = [Both()]
+    rng = np.random.default_rng(0)
+
+    def steps(seqs: range) -> None:
+        for seq in seqs:
+            for w in (0, 1):
+                g = rng.standard_normal(d).astype(np.float32)
+                head.relay_exchange(w, seq, g[:half], 1.0, None, None, [g[half:]], [None])
+
+    head.relay_pull(0, True)
+    head.relay_pull(1, True)
+    steps(range(1, 6))
+    saved = recovery_state(lost)
+    head.trim(1, saved["calls"])
+    steps(range(6, 11))  # applied by the shard about to be lost, and logged
+    rebuilt = shard(1, recovered=saved)
+    head.peers = [Direct(twin)]
+    assert head.rebind(1, Direct(rebuilt), saved["calls"]) == 2 * 5 * 2  # pushes, pulls
+    head.peers = [Both()]
+    lost = rebuilt  # from now on shard 0 relays to the rebuilt one (and the twin)
+    steps(range(11, 16))
+    head.stop()
+    np.testing.assert_array_equal(rebuilt.master.theta.numpy(), twin.master.theta.numpy())
+    assert rebuilt.counters() == twin.counters()
+    assert rebuilt.counters()["applied"] == [15, 15] and rebuilt.stopped
+
+
+def test_the_log_merger_drops_what_a_rebuilt_shard_reports_again():
+    merger = LogMerger(servers=2)
+
+    def entries(seqs: list[int]) -> dict[str, np.ndarray]:
+        log = ShardLog()
+        for seq in seqs:
+            log.append(
+                worker=0, seq=seq, staleness=0, gap_sq=1.0, gap_n=1, loss=0.5, lr=0.1,
+                time=1.0, duration=0.1, updates=seq,
+            )  # fmt: skip
+        return log.drain()
+
+    merger.add(0, entries([1, 2, 3, 4]))
+    merger.add(1, entries([1, 2, 3]))  # then lost; its snapshot covered push 1
+    merger.add(1, entries([2, 3, 4]))  # the rebuilt shard replays 2 and 3
+    assert len(merger) == 4
+    np.testing.assert_allclose(merger.log.numpy()["gap"], 1.0)  # each part counted once
+
+
+def test_cpus_per_actor():
+    import doctest
+
+    from dana.dist import cluster
+
+    result = doctest.testmod(cluster)
+    assert result.failed == 0 and result.attempted > 0
+    from dana.dist.cluster import cpus_per_actor
+
+    assert cpus_per_actor([3.0, 1.0], 5) == 0.5
+    with pytest.raises(DanaError, match="no CPUs"):
+        cpus_per_actor([0.0], 2)
+
+
+# -- real runs on a local Ray -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dana_ray():
+    """The local Ray ``dana train`` starts for itself (loopback only, no dashboard)."""
+    from dana.dist.cluster import ray_session
+
+    with ray_session(None, actors=2):
+        yield
+
+
+class Faults(Progress):
+    """Runs ``actions`` (``(steps, what)``, ``what``: ``"worker:i"`` or ``"shard:s"``) once
+    the run has passed ``steps``; a shard is killed for good, a worker restarts. Records
+    the sockets Ray's processes listen on at the first update."""
+
+    def __init__(self, runner: Any, actions: list[tuple[int, str]]):
+        super().__init__(enabled=False)
+        self.runner, self.actions, self.done = runner, sorted(actions), []
+        self.sockets: list[tuple[str, int, int]] | None = None
+
+    def update(self, steps: int, loss: float) -> None:
+        if self.sockets is None:
+            self.sockets = listening(descendants(os.getpid()))
+        while self.actions and steps >= self.actions[0][0]:
+            at, what = self.actions.pop(0)
+            kind, index = what.split(":")
+            if kind == "worker":
+                ray.kill(self.runner.workers[int(index)], no_restart=False)
+            else:
+                ray.kill(self.runner.servers[int(index)], no_restart=True)
+            self.done.append((steps, what))
+
+
+def run_with_faults(config, out: Path, actions: list[tuple[int, str]]) -> tuple[Any, Faults]:
+    made: dict[str, Faults] = {}
+
+    def faults_for(runner: Any) -> Faults:
+        made["faults"] = Faults(runner, actions)
+        return made["faults"]
+
+    runner = run_on_ray(config, out, faults_for)
+    return runner, made["faults"]
+
+
+def check_every_shard(runner: Any, steps: int) -> dict[str, Any]:
+    """Every push applied exactly once on every shard: per worker, the pushes applied
+    equal its last seq, the same on every shard; no gap, no repeat; the totals match."""
+    dist = json.loads((runner.run.path / "dist.json").read_text())
+    first = dist["shards"][0]
+    for s, shard in enumerate(dist["shards"]):
+        assert shard["applied"] == shard["last_seq"], f"shard {s}"
+        assert shard["applied"] == first["applied"], f"shard {s} differs from shard 0"
+        assert shard["seq_gaps"] == 0 and shard["duplicates"] == 0, f"shard {s}"
+        assert shard["pushes"] == shard["updates"] == steps, f"shard {s}"
+    assert dist["pushes_sent"] <= sum(first["last_seq"]) + first["rejected_after_stop"]
+    assert runner.summary["pushes"] == len(runner.merger.log) == steps
+    assert runner.rows[-1]["test_loss"] < 0.75 * runner.rows[0]["test_loss"]
+    return dist
+
+
+@pytest.mark.ray
+@needs_ray
+@pytest.mark.parametrize("servers", [2, 4])
+def test_workers_killed_repeatedly_every_shard_applies_every_push_once(dana_ray, tmp_path, servers):
+    config = tiny(algorithm="dana-slim", workers=3, servers=servers, time_scale=0.0005)
+    rng = random.Random(servers)
+    actions = [(at, f"worker:{rng.randrange(3)}") for at in (8, 22, 36, 50, 64)]
+    runner, faults = run_with_faults(config, tmp_path / "run", actions)
+    assert len(faults.done) == 5, faults.done
+    dist = check_every_shard(runner, steps=3 * 32)
+    # killed workers rejoined (one killed again while restarting, or at the end, may not)
+    assert 3 < sum(dist["shards"][0]["joins"]) <= 3 + 5
+    assert dist["cpus_per_actor"] < 1  # 3 workers + S shards on 2 CPUs: shared
+
+
+@pytest.mark.ray
+@needs_ray
+def test_a_lost_shard_is_rebuilt_twice_while_the_run_goes_on(dana_ray, tmp_path):
+    config = tiny(algorithm="dana-slim", workers=3, servers=2, epochs=4.0, time_scale=0.0005)
+    runner, faults = run_with_faults(config, tmp_path / "run", [(20, "shard:1"), (70, "shard:1")])
+    assert [what for _, what in faults.done] == ["shard:1", "shard:1"]
+    dist = check_every_shard(runner, steps=4 * 32)
+    rebuilt = dist["shards_rebuilt"]
+    assert [r["shard"] for r in rebuilt] == [1, 1]
+    assert all(r["seconds"] < 30 for r in rebuilt)
+    assert dist["log_peak_calls"] > 0
+    print(json.dumps({k: dist[k] for k in ("shards_rebuilt", "log_peak_calls", "log_peak_bytes")}))
+
+
+@pytest.mark.ray
+@needs_ray
+def test_faults_at_random_moments(dana_ray, tmp_path):
+    """Workers and shard 1 killed at random moments, several times in one run."""
+    rng = random.Random(14)
+    moments = sorted(rng.sample(range(6, 110), 6))
+    actions = [(at, f"worker:{rng.randrange(3)}") for at in moments[:4]]
+    actions += [(moments[4], "shard:1"), (moments[5], "shard:1")]
+    config = tiny(algorithm="asgd", workers=3, servers=2, epochs=4.0, time_scale=0.0005)
+    runner, faults = run_with_faults(config, tmp_path / "run", actions)
+    assert len(faults.done) == 6, faults.done
+    dist = check_every_shard(runner, steps=4 * 32)
+    assert len(dist["shards_rebuilt"]) == 2
+
+
+@pytest.mark.ray
+@needs_ray
+def test_losing_shard_0_is_a_fault_and_the_run_resumes_exactly(dana_ray, tmp_path):
+    from dana.dist.launcher import RayRun
+    from dana.train.problem import Problem
+    from dana.train.rundir import RunDir
+
+    config = tiny(
+        algorithm="dana-slim", workers=2, servers=2, epochs=4.0, checkpoint_every=1.0,
+        time_scale=0.0005,
+    )  # fmt: skip
+    out = tmp_path / "run"
+    with pytest.raises(FaultError, match="shard 0 .*--resume"):
+        run_with_faults(config, out, [(70, "shard:0")])
+    run = RunDir(out)
+    saved = run.load_checkpoint()
+    assert saved is not None and 32 <= saved["servers"][0]["steps"] <= 70
+    runner = RayRun(config, run, Problem(config))
+    runner.load_state_dict(saved)
+    runner.summary = runner.execute(Progress(enabled=False))
+    run.write_summary(runner.summary)
+    assert runner.rows[: len(saved["rows"])] == saved["rows"]
+    check_every_shard(runner, steps=4 * 32)
+
+
+@pytest.mark.ray
+@needs_ray
+def test_a_local_run_listens_on_loopback_only(dana_ray, tmp_path):
+    runner, faults = run_with_faults(tiny(workers=2, servers=2, epochs=1.0), tmp_path / "run", [])
+    assert faults.sockets, "no listening socket found"
+    outward = [s for s in faults.sockets if not is_loopback(s[0])]
+    assert not outward, f"Ray listens beyond loopback: {outward}"
+    # Ray keeps its dashboard process for internal APIs, but without the dashboard: it
+    # serves nothing, and nothing listens on the dashboard's port.
+    dashboards = [p for p in descendants(os.getpid()) if "dashboard/dashboard.py" in command(p)]
+    assert all(s[2] not in dashboards for s in faults.sockets), "the dashboard serves"
+    assert all(s[1] != 8265 for s in faults.sockets)
+
+
+def test_token_mode_without_a_token_is_a_clear_error(monkeypatch, tmp_path):
+    from dana.dist.auth import check_token
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(DanaError, match="no Ray token was found.*RAY_AUTH_MODE=token"):
+        check_token("127.0.0.1:1")
+
+
+# -- sockets and processes ----------------------------------------------------------------
+def descendants(root: int) -> set[int]:
+    """``root`` and every process under it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def listening(pids: set[int]) -> list[tuple[str, int, int]]:
+    """(address, port, pid) of every TCP socket in LISTEN state the processes hold."""
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes[target[8:-1]] = pid
+    found = []
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            hexaddr, port = fields[1].split(":")
+            raw = bytes.fromhex(hexaddr)
+            # /proc prints each 32-bit word in host (little-endian) order
+            raw = b"".join(struct.pack("<I", w) for w in struct.unpack(f">{len(raw) // 4}I", raw))
+            found.append((socket.inet_ntop(family, raw), int(port, 16), inodes[fields[9]]))
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    return (
+        address.startswith("127.")
+        or address in ("::1", "localhost")
+        or address.startswith("::ffff:127.")
+    )
+
+
+# -- two Ray nodes on this machine --------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def outward_ip() -> str:
+    """The address Ray gives this machine's head node (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))
+        return s.getsockname()[0]
+
+
+def kill_tree(tag: str) -> int:
+    """SIGKILL every process whose command line holds ``tag``, and their descendants
+    (never this process); how many."""
+    roots = [
+        int(p)
+        for p in os.listdir("/proc")
+        if p.isdigit() and int(p) != os.getpid() and tag in command(int(p))
+    ]
+    victims = set().union(*(descendants(r) for r in roots)) - {os.getpid()} if roots else set()
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return len(victims)
+
+
+@pytest.mark.ray
+@needs_ray
+@pytest.mark.slow
+def test_two_nodes_the_second_lost_mid_run(tmp_path):
+    """A head node and a second node (its own address, 127.0.0.2, and resource
+    ``node2``) with token authentication; the run's shards and workers spread over
+    both; the second node killed mid-run: the run completes on the head, its lost shard
+    rebuilt, every push applied exactly once on every shard."""
+    temp = Path(tempfile.mkdtemp(prefix="/tmp/dn"))  # short: Ray's socket paths
+    home = temp / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(
+        HOME=str(home), RAY_AUTH_MODE="token", RAY_health_check_period_ms="500",
+        RAY_health_check_failure_threshold="3", RAY_health_check_initial_delay_ms="0",
+        OMP_NUM_THREADS="1",
+    )  # fmt: skip
+    head_ip, port = outward_ip(), free_port()
+    ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]
+    out = tmp_path / "run"
+    train = [sys.executable, "-m", "dana.cli", "train", "--backend", "ray"]
+    options = [
+        "--address", f"{head_ip}:{port}", "--algorithm", "dana-slim", "--workers", "3",
+        "--servers", "2", "--dataset", "synthetic", "--model", "mlp", "--train-size", "1024",
+        "--test-size", "256", "--epochs", "5", "--batch-size", "32", "--lr", "0.05",
+        "--time-scale", "0.001", "--quiet", "--out", str(out),
+    ]  # fmt: skip
+    try:
+        subprocess.run([*ray_cli, "get-auth-token", "--generate"], env=env, check=True,
+                       capture_output=True)  # fmt: skip
+        common = ["--temp-dir", str(temp), "--disable-usage-stats"]
+        # The head has room for what the second node runs, once that is lost.
+        subprocess.run(
+            [*ray_cli, "start", "--head", "--port", str(port), "--num-cpus", "3",
+             "--include-dashboard", "false", *common],
+            env=env, check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        subprocess.run(
+            [*ray_cli, "start", "--address", f"{head_ip}:{port}", "--num-cpus", "1",
+             "--node-ip-address", "127.0.0.2", "--resources", '{"node2": 1}', *common],
+            env=env, check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        # Without token mode the driver is refused at once, with what to do.
+        plain = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
+        refused = subprocess.run([*train, *options], env=plain, capture_output=True, text=True,
+                                 timeout=120)  # fmt: skip
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        assert "requires token authentication" in refused.stderr
+        assert "export RAY_AUTH_MODE=token" in refused.stderr
+        assert "Traceback" not in refused.stderr
+        if out.exists():  # (a failed start's leftovers are not this test's subject)
+            subprocess.run(["rm", "-rf", str(out)], check=True)
+
+        driver = subprocess.Popen([*train, *options], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.time() + 240
+        metrics = out / "metrics.csv"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            assert driver.poll() is None, driver.stderr.read()[-3000:]
+            assert time.time() < deadline, "no evaluation after 240 s"
+            time.sleep(0.2)
+        killed = kill_tree("127.0.0.2")  # the second node: its raylet, agents, actors
+        assert killed > 0
+        _, err = driver.communicate(timeout=300)
+        assert driver.returncode == 0, err[-3000:]
+    finally:
+        kill_tree(str(temp))
+        shutil.rmtree(temp, ignore_errors=True)
+    dist = json.loads((out / "dist.json").read_text())
+    ips = {name: where["ip"] for name, where in dist["placement"].items()}
+    print(json.dumps({"placement": ips, "rebuilt": dist["shards_rebuilt"]}))
+    assert set(ips.values()) == {head_ip, "127.0.0.2"}, ips  # across both nodes
+    assert ips["shard0"] == head_ip  # shard 0 stays with the driver
+    lost_shards = [s for s in range(2) if ips[f"shard{s}"] == "127.0.0.2"]
+    assert [r["shard"] for r in dist["shards_rebuilt"]] == lost_shards
+    assert all(r["node"]["ip"] == head_ip for r in dist["shards_rebuilt"])
+    first = dist["shards"][0]
+    for shard in dist["shards"]:
+        assert shard["applied"] == shard["last_seq"] == first["applied"]
+        assert shard["seq_gaps"] == shard["duplicates"] == 0
+        assert shard["pushes"] == 5 * 32
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["pushes"] == 5 * 32
