@@ -105,6 +105,7 @@ class RayRun:
         self.checked = 0  # merged log entries checked for a non-finite loss
         self.diverged_index: int | None = None  # the first such entry
         self.diverged_steps = 0
+        self.final_params: torch.Tensor | None = None
 
     # -- what summarize() reads ---------------------------------------------------------
     @property
@@ -192,9 +193,14 @@ class RayRun:
             )
             for s, (lo, hi) in enumerate(layout.bounds)
         ]
+        # A user's problem (dana.fit) goes to the workers once, through the object store;
+        # its reference is held here for the run, so that a restarted worker finds it too
+        # (Ray warns that restarts need the arguments in the object store: they are).
+        spec = getattr(self.problem, "spec", None)
+        self.spec_ref = None if spec is None else ray.put(spec)
         worker_cls = ray.remote(Worker).options(**worker_options())
         self.workers = workers = [
-            worker_cls.remote(config, i, names, self.d) for i in range(self.k)
+            worker_cls.remote(config, i, names, self.d, self.spec_ref) for i in range(self.k)
         ]
         try:
             ray.get([w.ready.remote() for w in workers] + [s.ready.remote() for s in servers])
@@ -346,6 +352,7 @@ class RayRun:
                 {k: torch.from_numpy(np.array(v)) for k, v in self.buffers.items()}
             )
         test_loss, test_error = self.problem.evaluate(params)
+        self.final_params = params  # the last evaluated: the end of the run
         log = self.merger.log.numpy(self.logged, head["pushes"])
         self.logged = head["pushes"]
         row = {
