@@ -50,7 +50,14 @@ def _key_value(text: str) -> tuple[str, Any]:
 TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--algorithm", "algorithm", str, "algorithm name (see `dana algorithms`)"),
     ("--workers", "workers", int, "number of asynchronous workers k"),
-    ("--dataset", "dataset", str, "fashion-mnist, mnist, cifar10, cifar100 or synthetic"),
+    (
+        "--dataset",
+        "dataset",
+        str,
+        "fashion-mnist, mnist, cifar10, cifar100, synthetic, or your own files: folder "
+        "(--data-dir DIR with train/<class>/ and test/<class>/ images) or tensors (--data-dir "
+        "holding train.pt and test.pt, or .npz)",
+    ),
     ("--data-dir", "data_dir", str, "directory holding the dataset's files"),
     ("--train-size", "train_size", int, "use only the first N training examples"),
     ("--test-size", "test_size", int, "use only the first N test examples"),
