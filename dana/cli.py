@@ -159,6 +159,21 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
         default=S,
         help="also write TensorBoard logs to OUT/tensorboard (default: off)",
     )
+    parser.add_argument(
+        "--mlflow",
+        dest="mlflow",
+        default=S,
+        metavar="DIR_OR_URI",
+        help="also track the run in MLflow: a directory (its local file store) or a "
+        "tracking URI; needs mlflow-skinny (default: off)",
+    )
+    parser.add_argument(
+        "--mlflow-experiment",
+        dest="mlflow_experiment",
+        default=S,
+        metavar="NAME",
+        help="with --mlflow: the experiment (default: dana)",
+    )
     group = parser.add_argument_group("timing model parameters")
     for flag, key, type_, help_ in TIMING_OPTIONS:
         group.add_argument(flag, dest=f"timing.{key}", type=type_, default=S, help=help_)
