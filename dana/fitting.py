@@ -239,6 +239,8 @@ def fit(
     time_scale: float = 0.0,
     out: str | Path | None = None,
     progress: bool = False,
+    mlflow: str | None = None,
+    mlflow_experiment: str = "dana",
     **hparams: Any,
 ) -> FitResult:
     """Train ``model`` on ``train`` with ``workers`` asynchronous workers; a :class:`FitResult`.
@@ -254,11 +256,19 @@ def fit(
     (see ``dana train --help``). ``device``: where the simulator computes (``"cpu"``,
     ``"cuda"``); Ray runs on the CPU. ``out``: write the run directory there (as
     ``dana train --out`` does), else into a temporary one, removed at the end.
+    ``mlflow``: also track the run there, as ``dana train --mlflow`` does. The
+    simulator on a GPU (``device="cuda"``) is not covered by this project's tests.
     """
     if backend not in ("sim", "ray"):
         raise ConfigError(f"backend {backend!r} is unknown; choose 'sim' or 'ray'")
-    if backend == "ray" and torch.device(device).type != "cpu":
+    try:
+        where = torch.device(device)
+    except RuntimeError as e:
+        raise ConfigError(f"device {device!r}: {e}") from None
+    if backend == "ray" and where.type != "cpu":
         raise ConfigError(f"backend='ray' computes on the CPU; got device={device!r}")
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r}, but this torch sees no CUDA device")
     config = TrainConfig(
         algorithm=algorithm,
         workers=workers,
@@ -284,7 +294,13 @@ def fit(
         address=address,
         servers=servers,
         time_scale=time_scale,
+        mlflow=None if mlflow is None else str(mlflow),
+        mlflow_experiment=mlflow_experiment,
     ).validate()
+    if config.mlflow:
+        from dana.train.tracking import import_mlflow
+
+        import_mlflow()
     train_xy = as_tensors(train, "train")
     test_xy = train_xy if test is None else as_tensors(test, "test")
     if batch_size > len(train_xy[0]):
@@ -326,11 +342,19 @@ def _run(config: TrainConfig, problem: UserProblem, run: RunDir, progress: bool)
         runner = SimRun(config, run, problem)
     run.path.mkdir(parents=True, exist_ok=True)
     run.write_config(config.to_dict(), __version__)
+    tracker = None
+    if config.mlflow:
+        from dana.train.tracking import MlflowTracker
+
+        tracker = MlflowTracker(config.mlflow, config.mlflow_experiment, run.path, config.to_dict())
+        run.sinks.append(tracker)
     title = f"{config.algorithm}, k={config.workers}, {config.model}"
     try:
         summary = runner.execute(Progress(enabled=progress, desc=title))
-    except DanaError as e:
-        if "No module named" not in str(e):
+    except BaseException as e:
+        if tracker is not None:
+            tracker.fail(isinstance(e, KeyboardInterrupt))
+        if not isinstance(e, DanaError) or "No module named" not in str(e):
             raise
         raise DanaError(
             f"{e}\nThe Ray workers could not unpickle the model, data or loss: define them "
@@ -343,6 +367,8 @@ def _run(config: TrainConfig, problem: UserProblem, run: RunDir, progress: bool)
     run.write_summary(summary)
     if runner.rows:
         run.write_plot(runner.rows, title)
+    if tracker is not None:
+        tracker.finish(summary)
     if config.backend == "ray":
         log, final = runner.merger.log, runner.final_params
         if final is None:  # (no evaluation came back: the run stopped at once)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up dana on a fresh machine: PyTorch (the CPU build, pinned first so that no
-# requirement pulls a multi-GB CUDA build), the package with its test, Ray (with the job server) and MLflow extras,
-# and the default dataset (Fashion-MNIST, Debian package dataset-fashion-mnist).
+# requirement pulls a multi-GB CUDA build), the package with its test, Ray (with the
+# job server) and MLflow (the light client) extras, and the default dataset
+# (Fashion-MNIST, Debian package dataset-fashion-mnist).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check torch==2.13.0

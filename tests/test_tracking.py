@@ -98,3 +98,20 @@ def test_mlflow_missing_is_a_clear_error(tmp_path, monkeypatch, capsys):
     assert main(["train", *TINY, "--mlflow", str(tmp_path / "mlruns"), "--out", str(out)]) == 2
     assert "pip install mlflow-skinny" in capsys.readouterr().err
     assert not out.exists()  # nothing written
+
+
+def test_fit_tracks_into_mlflow_too(tmp_path):
+    import torch
+
+    import dana
+
+    client = _client(tmp_path / "mlruns")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 4, generator=g)
+    y = (x[:, 0] > 0).long()
+    result = dana.fit(torch.nn.Linear(4, 2), (x, y), workers=2, lr=0.1, epochs=1,
+                      batch_size=20, mlflow=str(tmp_path / "mlruns"))  # fmt: skip
+    (run,) = _runs(client)
+    history = client.get_metric_history(run.info.run_id, "test_error")
+    assert [m.value for m in history] == pytest.approx([r["test_error"] for r in result.metrics])
+    assert "curves.png" in {a.path for a in client.list_artifacts(run.info.run_id)}
