@@ -140,7 +140,6 @@ class UserProblem:
             augment=False,
         )
         self.augment_generator = torch.Generator().manual_seed(config.seed + 1_000_003)
-        self.classification = not test_y.is_floating_point() and test_y.dim() == 1
 
     def initial_params(self) -> Tensor:
         return self.flat.flat.clone()
@@ -157,20 +156,21 @@ class UserProblem:
     def evaluate_on(
         self, params: Tensor, x: Tensor, y: Tensor, batch_size: int = 1000
     ) -> tuple[float, float]:
-        """(mean loss, error rate or NaN) of ``params`` on ``(x, y)``."""
+        """(mean loss, error rate or NaN) of ``params`` on ``(x, y)``, in eval mode."""
+        flat = self.flat
+        flat._point_at(params)
+        flat.module.eval()
         classification = not y.is_floating_point() and y.dim() == 1
-        if classification:
-            out = self.flat.module(x[:1]) if len(x) else None
-            classification = out is not None and out.dim() == 2
-        if classification:
-            return self.flat.evaluate(params, x, y, self.loss_fn, batch_size)
-        self.flat._point_at(params)
-        self.flat.module.eval()
-        total = 0.0
+        total, wrong = 0.0, 0
         for start in range(0, len(x), batch_size):
             xb, yb = x[start : start + batch_size], y[start : start + batch_size]
-            total += self.loss_fn(self.flat.module(xb), yb).item() * len(yb)
-        return total / len(x), float("nan")
+            out = flat.module(xb)
+            total += self.loss_fn(out, yb).item() * len(yb)
+            if classification and out.dim() == 2:
+                wrong += (out.argmax(1) != yb).sum().item()
+            else:
+                classification = False
+        return total / len(x), wrong / len(x) if classification else float("nan")
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -86,6 +86,18 @@ def test_fit_takes_any_loss_and_a_factory():
     assert result.run_dir is None
 
 
+def test_fit_evaluates_a_batchnorm_model_in_eval_mode():
+    x, y = _data(300)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
+                                torch.nn.ReLU(), torch.nn.Linear(16, 2))  # fmt: skip
+    result = dana.fit(model, (x, y), workers=2, lr=0.05, epochs=1, batch_size=20)
+    stats = model[1].running_mean.clone()
+    loss, error = result.evaluate(x[:1], y[:1])  # one example: only eval mode allows it
+    assert torch.equal(model[1].running_mean, stats)  # evaluation leaves the statistics
+    assert result.summary["final_test_error"] < 0.3
+
+
 def test_fit_rejects_bad_input():
     x, y = _data(100)
     with pytest.raises(ConfigError, match="one row per example"):
