@@ -7,8 +7,17 @@ asynchronous workers, and a parameter-server runtime on Ray.
 
 from dana import algorithms
 from dana.api import SimulationResult, simulate
+from dana.fitting import FitResult, fit
 from dana.sim import Simulator
 
 __version__ = "0.1.0"
 
-__all__ = ["SimulationResult", "Simulator", "algorithms", "simulate", "__version__"]
+__all__ = [
+    "FitResult",
+    "SimulationResult",
+    "Simulator",
+    "algorithms",
+    "fit",
+    "simulate",
+    "__version__",
+]

@@ -51,7 +51,14 @@ def _key_value(text: str) -> tuple[str, Any]:
 TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--algorithm", "algorithm", str, "algorithm name (see `dana algorithms`)"),
     ("--workers", "workers", int, "number of asynchronous workers k"),
-    ("--dataset", "dataset", str, "fashion-mnist, mnist, cifar10, cifar100 or synthetic"),
+    (
+        "--dataset",
+        "dataset",
+        str,
+        "fashion-mnist, mnist, cifar10, cifar100, synthetic, or your own files: folder "
+        "(--data-dir DIR with train/<class>/ and test/<class>/ images) or tensors (--data-dir "
+        "holding train.pt and test.pt, or .npz)",
+    ),
     ("--data-dir", "data_dir", str, "directory holding the dataset's files"),
     ("--train-size", "train_size", int, "use only the first N training examples"),
     ("--test-size", "test_size", int, "use only the first N test examples"),
@@ -152,6 +159,21 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=S,
         help="also write TensorBoard logs to OUT/tensorboard (default: off)",
+    )
+    parser.add_argument(
+        "--mlflow",
+        dest="mlflow",
+        default=S,
+        metavar="DIR_OR_URI",
+        help="also track the run in MLflow: a directory (its local file store) or a "
+        "tracking URI; needs mlflow-skinny (default: off)",
+    )
+    parser.add_argument(
+        "--mlflow-experiment",
+        dest="mlflow_experiment",
+        default=S,
+        metavar="NAME",
+        help="with --mlflow: the experiment (default: dana)",
     )
     group = parser.add_argument_group("timing model parameters")
     for flag, key, type_, help_ in TIMING_OPTIONS:

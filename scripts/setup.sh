@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Set up dana on a fresh machine: PyTorch (the CPU build, pinned first so that no
-# requirement pulls a multi-GB CUDA build), the package with its test and Ray extras,
-# and the default dataset (Fashion-MNIST, Debian package dataset-fashion-mnist).
+# requirement pulls a multi-GB CUDA build), the package with its test, Ray (with the
+# job server) and MLflow (the light client) extras, and the default dataset
+# (Fashion-MNIST, Debian package dataset-fashion-mnist).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check torch==2.13.0
-python -m pip install --quiet --disable-pip-version-check -e '.[dev,ray]'
+python -m pip install --quiet --disable-pip-version-check -e '.[dev,ray,jobs,mlflow]'
 if ! ls /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte* >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null 2>&1 \

@@ -12,6 +12,7 @@ import dana
 
 DOCTEST_MODULES = [
     "dana.api",
+    "dana.fitting",
     "dana.algorithms",
     "dana.algorithms.base",
     "dana.algorithms.asgd",

@@ -8,7 +8,10 @@ Names (:data:`DATASETS`):
 - ``cifar10`` / ``cifar100``: the official binary versions, in ``data_dir``
   (required; the ``cifar-10-batches-bin`` / ``cifar-100-binary`` folder or its parent);
 - ``synthetic``: :func:`~dana.data.synthetic.make_synthetic` with ``seed``
-  (``data_dir`` is ignored).
+  (``data_dir`` is ignored);
+- ``folder``: your images in class sub-folders of ``data_dir/train`` and
+  ``data_dir/test`` (:mod:`dana.data.folder`);
+- ``tensors``: your arrays in ``torch.save`` or ``.npz`` files (:mod:`dana.data.tensors`).
 
 Images become float32 ``N x C x H x W``, normalised per channel with the mean and
 standard deviation of the training images used; labels are int64.
@@ -37,7 +40,7 @@ __all__ = [
     "load_dataset",
 ]
 
-DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "synthetic")
+DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "synthetic", "folder", "tensors")
 DEFAULT_FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 # (train images, train labels, test images, test labels); each may also lack ".gz".
 IDX_FILES = (
@@ -232,6 +235,7 @@ def load_dataset(
     (1000, 500, 1, 16, 10)
     """
     name = name.strip().lower()
+    num_classes = _NUM_CLASSES.get(name, 0)  # (folder, tensors: from the data)
     if name not in DATASETS:
         raise ConfigError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
     _check_size("train_size", train_size)
@@ -249,6 +253,15 @@ def load_dataset(
             )
         reader = read_cifar10 if name == "cifar10" else read_cifar100
         train_x, train_y, test_x, test_y = reader(data_dir)
+    elif name == "folder":
+        from dana.data.folder import read_image_folder
+
+        train_x, train_y, test_x, test_y, classes = read_image_folder(data_dir)
+        num_classes = len(classes)
+    elif name == "tensors":
+        from dana.data.tensors import read_tensors
+
+        train_x, train_y, test_x, test_y, num_classes = read_tensors(data_dir)
     else:
         train_x, train_y, test_x, test_y = _load_idx(name, data_dir)
     _check_size("train_size", train_size, train_x.shape[0])
@@ -262,7 +275,7 @@ def load_dataset(
         train_y=train_y,
         test_x=test_x,
         test_y=test_y,
-        num_classes=_NUM_CLASSES[name],
+        num_classes=num_classes,
         augment=name.startswith("cifar") if augment is None else bool(augment),
         mean=mean,
         std=std,

@@ -120,6 +120,7 @@ class RayRun:
         self.checked = 0  # merged log entries checked for a non-finite loss
         self.diverged_index: int | None = None  # the first such entry
         self.diverged_steps = 0
+        self.final_params: torch.Tensor | None = None
 
     # -- what summarize() reads ---------------------------------------------------------
     @property
@@ -222,9 +223,14 @@ class RayRun:
             .remote(*args, **kwargs, peers=names[1:] if self.relay and s == 0 else None)
             for s, (args, kwargs) in enumerate(self.server_args)
         ]
+        # A user's problem (dana.fit) goes to the workers once, through the object store;
+        # its reference is held here for the run, so that a restarted worker finds it too
+        # (Ray warns that restarts need the arguments in the object store: they are).
+        spec = getattr(self.problem, "spec", None)
+        self.spec_ref = None if spec is None else ray.put(spec)
         worker_cls = ray.remote(Worker).options(**worker_options(cpus))
         self.workers = workers = [
-            worker_cls.remote(config, i, names, self.d) for i in range(self.k)
+            worker_cls.remote(config, i, names, self.d, self.spec_ref) for i in range(self.k)
         ]
         calls = [s.ready.remote() for s in servers] + [w.ready.remote() for w in workers]
         try:
@@ -478,6 +484,7 @@ class RayRun:
                 {k: torch.from_numpy(np.array(v)) for k, v in self.buffers.items()}
             )
         test_loss, test_error = self.problem.evaluate(params)
+        self.final_params = params  # the last evaluated: the end of the run
         log = self.merger.log.numpy(self.logged, head["pushes"])
         self.logged = head["pushes"]
         row = {

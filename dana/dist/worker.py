@@ -63,13 +63,16 @@ WAIT_MAX = 0.016
 class Worker:
     """Args: the run's config (a dict), this worker's index, the names of the shard
     servers' actors (in shard order; names, not handles, so that Ray can restart the
-    worker from plain arguments) and ``d``."""
+    worker from plain arguments) and ``d``; ``spec``: a user's problem
+    (:class:`dana.fitting.UserProblemSpec`), else the problem is built from the config."""
 
-    def __init__(self, config: dict[str, Any], index: int, servers: list[str], d: int):
+    def __init__(
+        self, config: dict[str, Any], index: int, servers: list[str], d: int, spec: Any = None
+    ):
         torch.set_num_threads(1)
         self.config = TrainConfig.from_dict(config)
         self.index = index
-        self.problem = Problem(self.config)
+        self.problem = Problem(self.config) if spec is None else spec.build(self.config)
         algorithm = algorithms.build(self.config.algorithm, **self.config.algorithm_hparams())
         dtype = getattr(torch, self.config.dtype)
         self.rule = algorithm.worker(1, d, dtype)

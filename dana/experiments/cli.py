@@ -185,6 +185,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
     spec = sweep_spec(args)
+    if spec.fixed.get("mlflow"):  # every run would fail without it: say so once, now
+        from dana.train.tracking import import_mlflow
+
+        import_mlflow()
     out = args.out or args.resume or f"results/{args.preset or 'sweep'}"
     if args.dry_run:
         sweep = SweepDir(out)

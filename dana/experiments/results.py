@@ -27,7 +27,16 @@ from dana.train.rundir import RunDir
 
 #: Settings that never split rows: the axes of the table and the sample index, and
 #: settings that do not change the result.
-_NOT_ROW_KEYS = {"algorithm", "workers", "seed", "data_dir", "tensorboard", "checkpoint_every"}
+_NOT_ROW_KEYS = {
+    "algorithm",
+    "workers",
+    "seed",
+    "data_dir",
+    "tensorboard",
+    "mlflow",
+    "mlflow_experiment",
+    "checkpoint_every",
+}
 
 
 @dataclass

@@ -58,6 +58,8 @@ class TrainConfig:
     eval_every: float = 1.0
     checkpoint_every: float = 0.0
     tensorboard: bool = False
+    mlflow: str | None = None
+    mlflow_experiment: str = "dana"
     dtype: str = "float32"
     backend: str = "sim"
     address: str | None = None

@@ -50,6 +50,7 @@ class RunDir:
         self.step_times = self.path / "step_times.csv"
         self.tensorboard = self.path / "tensorboard"
         self._writer = None
+        self.sinks: list = []  # more receivers of every metrics row (MLflow)
 
     def holds_run(self) -> bool:
         return self.config.is_file()
@@ -96,7 +97,10 @@ class RunDir:
         self._writer = SummaryWriter(log_dir=str(self.tensorboard))
 
     def log_row(self, row: dict[str, float]) -> None:
-        """Send one metrics row to TensorBoard (if open), indexed by master updates."""
+        """Send one metrics row to TensorBoard (if open) and to every sink, indexed by
+        master updates."""
+        for sink in self.sinks:
+            sink.log_row(row)
         if self._writer is None:
             return
         step = int(row["updates"])

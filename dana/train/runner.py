@@ -250,6 +250,10 @@ def train(
             import ray  # noqa: F401
         except ImportError:
             raise DanaError("--backend ray needs Ray: pip install 'ray>=2.9'") from None
+    if config.mlflow:
+        from dana.train.tracking import import_mlflow
+
+        import_mlflow()
     problem = Problem(config)  # loads data and builds the model: bad input fails here
     if config.backend == "ray":
         from dana.dist.launcher import RayRun
@@ -266,12 +270,24 @@ def train(
         run.write_config(config.to_dict(), version)
     if config.tensorboard:
         run.open_tensorboard()
+    tracker = None
+    if config.mlflow:
+        from dana.train.tracking import MlflowTracker
+
+        tracker = MlflowTracker(config.mlflow, config.mlflow_experiment, run.path, config.to_dict())
+        run.sinks.append(tracker)
     title = f"{config.algorithm}, k={config.workers}, {config.model} on {config.dataset}"
     try:
         summary = runner.execute(Progress(enabled=progress, desc=title))
+    except BaseException as e:
+        if tracker is not None:
+            tracker.fail(isinstance(e, KeyboardInterrupt))
+        raise
     finally:
         run.close()
     run.write_summary(summary)
     if runner.rows:
         run.write_plot(runner.rows, title)
+    if tracker is not None:
+        tracker.finish(summary)
     return summary

@@ -1,0 +1,387 @@
+"""Train your own model on your own data with ``k`` asynchronous workers, on either runner.
+
+:func:`fit` takes a ``torch.nn.Module`` (or a zero-argument factory that builds one),
+training data and optional test data (each a pair of tensors ``(x, y)`` or any
+``torch.utils.data.Dataset`` of ``(x, y)`` items), a loss, and ``backend="sim"`` (the
+exact simulator, :mod:`dana.sim`) or ``backend="ray"`` (real workers and parameter-server
+shards on Ray, :mod:`dana.dist`). Both run the loop of ``dana train``: evaluations every
+``eval_every`` epochs, the same ``metrics.csv`` rows and ``summary.json`` figures, and
+both return the same :class:`FitResult`.
+
+On Ray the problem travels to the workers as one object in Ray's object store (a
+:class:`UserProblemSpec`: the model or its factory, the data, the loss), pickled with
+Ray's cloudpickle: a model class or loss defined in the driver script is shipped by
+value, one defined in another module must be importable on the cluster's nodes (see
+docs/DISTRIBUTED.md).
+
+    >>> import torch, dana
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(512, 8, generator=g); y = (x[:, 0] > 0).long()
+    >>> model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    >>> result = dana.fit(model, (x, y), workers=4, lr=0.05, epochs=2, batch_size=32)
+    >>> [round(row["epoch"]) for row in result.metrics]
+    [0, 1, 2]
+    >>> result.summary["final_test_error"] < 0.2, len(result.log) == result.summary["pushes"]
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import default_collate
+
+from dana.data import Dataset
+from dana.errors import ConfigError, DanaError
+from dana.sim.simulator import PushLog
+from dana.train.config import TrainConfig
+from dana.train.flat import FlatModel, LossFn
+from dana.train.progress import Progress
+from dana.train.rundir import RunDir
+
+ModelOrFactory = nn.Module | Callable[[], nn.Module]
+Data = tuple[Any, Any] | torch.utils.data.Dataset
+
+
+def as_tensors(data: Data, what: str) -> tuple[Tensor, Tensor]:
+    """``(x, y)`` as two tensors of the same length: from a pair of tensors (or arrays),
+    or by collating every item of a ``torch.utils.data.Dataset`` of ``(x, y)`` items."""
+    if isinstance(data, tuple | list) and len(data) == 2:
+        x, y = (torch.as_tensor(v) for v in data)
+    elif hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+        n = len(data)
+        if n == 0:
+            raise ConfigError(f"{what}: the dataset is empty")
+        try:
+            batch = default_collate([data[i] for i in range(n)])
+        except (TypeError, RuntimeError) as e:
+            raise ConfigError(
+                f"{what}: the items of the dataset must be (x, y) pairs of tensors or "
+                f"numbers of one shape each: {e}"
+            ) from None
+        if not isinstance(batch, list | tuple) or len(batch) != 2:
+            raise ConfigError(f"{what}: each item of the dataset must be an (x, y) pair")
+        x, y = batch
+    else:
+        raise ConfigError(
+            f"{what}: expected (x, y) tensors or a torch.utils.data.Dataset, got "
+            f"{type(data).__name__}"
+        )
+    if x.dim() == 0 or y.dim() == 0 or len(x) != len(y):
+        raise ConfigError(
+            f"{what}: x and y must have one row per example, got shapes {tuple(x.shape)} "
+            f"and {tuple(y.shape)}"
+        )
+    if len(x) == 0:
+        raise ConfigError(f"{what}: no examples")
+    return x, y
+
+
+@dataclass
+class UserProblemSpec:
+    """What a worker needs to rebuild the problem: picklable, shipped once through Ray."""
+
+    model: ModelOrFactory
+    train: tuple[Tensor, Tensor]
+    test: tuple[Tensor, Tensor]
+    loss_fn: LossFn = F.cross_entropy
+    device: str = "cpu"
+
+    def build(self, config: TrainConfig) -> UserProblem:
+        """The problem in a worker: its own replica of the model (the parameters
+        always come from the servers)."""
+        if isinstance(self.model, nn.Module):
+            model = copy.deepcopy(self.model)
+        else:
+            torch.manual_seed(config.seed)
+            model = self.model()
+        return UserProblem(config, self, model)
+
+
+class UserProblem:
+    """:class:`dana.train.problem.Problem`'s interface on the user's model, data and loss.
+
+    The test error is the fraction of ``argmax(model(x)) != y`` when the targets are
+    integer class labels and the outputs ``N x C``; otherwise NaN (the test loss is
+    still the mean of ``loss_fn`` over batches of 1000, weighted by their size).
+    """
+
+    def __init__(self, config: TrainConfig, spec: UserProblemSpec, model: nn.Module):
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"the model must be a torch.nn.Module, got {type(model).__name__}")
+        self.config, self.spec, self.loss_fn = config, spec, spec.loss_fn
+        dtype = getattr(torch, config.dtype)
+        device = torch.device(spec.device)
+        model.to(device)
+        try:
+            self.flat = FlatModel(model, dtype)
+        except ValueError as e:
+            raise ConfigError(f"model: {e}") from None
+
+        def place(t: Tensor) -> Tensor:
+            return t.to(device, dtype) if t.is_floating_point() else t.to(device)
+
+        (train_x, train_y), (test_x, test_y) = spec.train, spec.test
+        self.dataset = Dataset(
+            name="user",
+            train_x=place(train_x),
+            train_y=place(train_y),
+            test_x=place(test_x),
+            test_y=place(test_y),
+            num_classes=0,
+            augment=False,
+        )
+        self.augment_generator = torch.Generator().manual_seed(config.seed + 1_000_003)
+
+    def initial_params(self) -> Tensor:
+        return self.flat.flat.clone()
+
+    def gradient(self, params: Tensor, rows: Tensor) -> tuple[Tensor, float]:
+        ds = self.dataset
+        rows = rows.to(ds.train_x.device)
+        return self.flat.gradient(params, ds.train_x[rows], ds.train_y[rows], self.loss_fn)
+
+    def evaluate(self, params: Tensor) -> tuple[float, float]:
+        return self.evaluate_on(params, self.dataset.test_x, self.dataset.test_y)
+
+    @torch.no_grad()
+    def evaluate_on(
+        self, params: Tensor, x: Tensor, y: Tensor, batch_size: int = 1000
+    ) -> tuple[float, float]:
+        """(mean loss, error rate or NaN) of ``params`` on ``(x, y)``, in eval mode."""
+        flat = self.flat
+        flat._point_at(params)
+        flat.module.eval()
+        classification = not y.is_floating_point() and y.dim() == 1
+        total, wrong = 0.0, 0
+        for start in range(0, len(x), batch_size):
+            xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+            out = flat.module(xb)
+            total += self.loss_fn(out, yb).item() * len(yb)
+            if classification and out.dim() == 2:
+                wrong += (out.argmax(1) != yb).sum().item()
+            else:
+                classification = False
+        return total / len(x), wrong / len(x) if classification else float("nan")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "buffers": self.flat.buffers_state(),
+            "augment_generator": self.augment_generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.flat.load_buffers_state(state["buffers"])
+        self.augment_generator.set_state(state["augment_generator"])
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit` returns, the same for both backends.
+
+    ``model`` holds the final parameters (the master's, as evaluated: for ``dana-slim``
+    the look-ahead); ``metrics`` are the rows of ``metrics.csv`` (one per evaluation);
+    ``summary`` the figures of ``summary.json``; ``log`` the per-push table
+    (``log.numpy()``: worker, staleness, gap, loss, lr, sim_time columns); ``run_dir``
+    the run directory when ``out`` was given (else None: the files were temporary).
+    """
+
+    model: nn.Module
+    metrics: list[dict[str, float]]
+    summary: dict[str, Any]
+    log: PushLog
+    backend: str
+    run_dir: Path | None = None
+    problem: UserProblem | None = field(default=None, repr=False)
+
+    def evaluate(self, x: Tensor, y: Tensor) -> tuple[float, float]:
+        """(mean loss, error rate) of the final parameters on ``(x, y)``."""
+        flat = self.problem.flat
+        place = self.problem.dataset.train_x
+        x = x.to(place.device, place.dtype) if x.is_floating_point() else x.to(place.device)
+        return self.problem.evaluate_on(flat.flat, x, y.to(place.device))
+
+
+def fit(
+    model: ModelOrFactory,
+    train: Data,
+    test: Data | None = None,
+    *,
+    loss_fn: LossFn = F.cross_entropy,
+    algorithm: str = "dana-slim",
+    workers: int = 8,
+    lr: float = 0.1,
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    epochs: float = 1.0,
+    batch_size: int = 128,
+    warmup_epochs: float = 0.0,
+    decay_epochs: Sequence[float] = (),
+    decay_factor: float = 0.1,
+    eval_every: float = 1.0,
+    timing: str = "gamma",
+    timing_params: dict[str, Any] | None = None,
+    max_staleness: int | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+    backend: str = "sim",
+    address: str | None = None,
+    servers: int = 1,
+    device: str = "cpu",
+    time_scale: float = 0.0,
+    out: str | Path | None = None,
+    progress: bool = False,
+    mlflow: str | None = None,
+    mlflow_experiment: str = "dana",
+    **hparams: Any,
+) -> FitResult:
+    """Train ``model`` on ``train`` with ``workers`` asynchronous workers; a :class:`FitResult`.
+
+    ``model``: a module (its current parameters are the start; on Ray each worker gets a
+    copy), or a zero-argument factory (called after ``torch.manual_seed(seed)``, once
+    here and once in each Ray worker). ``test`` defaults to the training data.
+    ``loss_fn(model(x), y)`` must return the batch's mean loss. ``algorithm`` is any name
+    of ``dana algorithms``; ``momentum`` goes to it when it takes one, and ``hparams``
+    (``lc=...``, ``nesterov=...``) too. ``backend="ray"``: ``address`` joins a running
+    cluster (``"auto"``; default: a private local Ray for this call), ``servers`` splits
+    the parameters into that many shards, ``time_scale`` emulates the ``timing`` model
+    (see ``dana train --help``). ``device``: where the simulator computes (``"cpu"``,
+    ``"cuda"``); Ray runs on the CPU. ``out``: write the run directory there (as
+    ``dana train --out`` does), else into a temporary one, removed at the end.
+    ``mlflow``: also track the run there, as ``dana train --mlflow`` does. The
+    simulator on a GPU (``device="cuda"``) is not covered by this project's tests.
+    """
+    if backend not in ("sim", "ray"):
+        raise ConfigError(f"backend {backend!r} is unknown; choose 'sim' or 'ray'")
+    try:
+        where = torch.device(device)
+    except RuntimeError as e:
+        raise ConfigError(f"device {device!r}: {e}") from None
+    if backend == "ray" and where.type != "cpu":
+        raise ConfigError(f"backend='ray' computes on the CPU; got device={device!r}")
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r}, but this torch sees no CUDA device")
+    config = TrainConfig(
+        algorithm=algorithm,
+        workers=workers,
+        dataset="user",
+        model=type(model).__name__ if isinstance(model, nn.Module) else "user",
+        augment=False,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        lr_decay_epochs=[float(e) for e in decay_epochs],
+        lr_decay_factor=decay_factor,
+        warmup_epochs=warmup_epochs,
+        timing=timing,
+        timing_params=dict(timing_params or {}),
+        max_staleness=max_staleness,
+        algorithm_params=hparams,
+        seed=seed,
+        eval_every=eval_every,
+        dtype=dtype,
+        backend=backend,
+        address=address,
+        servers=servers,
+        time_scale=time_scale,
+        mlflow=None if mlflow is None else str(mlflow),
+        mlflow_experiment=mlflow_experiment,
+    ).validate()
+    if config.mlflow:
+        from dana.train.tracking import import_mlflow
+
+        import_mlflow()
+    train_xy = as_tensors(train, "train")
+    test_xy = train_xy if test is None else as_tensors(test, "test")
+    if batch_size > len(train_xy[0]):
+        raise ConfigError(
+            f"batch_size {batch_size} is larger than the {len(train_xy[0])} training examples"
+        )
+    spec = UserProblemSpec(model, train_xy, test_xy, loss_fn, device)
+    if isinstance(model, nn.Module):
+        instance = model
+    else:
+        torch.manual_seed(seed)
+        instance = model()
+    problem = UserProblem(config, spec, instance)
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="dana-fit-") as tmp:
+            result = _run(config, problem, RunDir(Path(tmp) / "run"), progress)
+        return result
+    run = RunDir(out)
+    if run.holds_run():
+        raise DanaError(f"{run.path} already holds a run; choose another out")
+    result = _run(config, problem, run, progress)
+    result.run_dir = run.path
+    return result
+
+
+def _run(config: TrainConfig, problem: UserProblem, run: RunDir, progress: bool) -> FitResult:
+    from dana import __version__
+
+    if config.backend == "ray":
+        from dana.dist.cluster import import_ray
+
+        import_ray()
+        from dana.dist.launcher import RayRun
+
+        runner: Any = RayRun(config, run, problem)
+    else:
+        from dana.train.runner import SimRun
+
+        runner = SimRun(config, run, problem)
+    run.path.mkdir(parents=True, exist_ok=True)
+    run.write_config(config.to_dict(), __version__)
+    tracker = None
+    if config.mlflow:
+        from dana.train.tracking import MlflowTracker
+
+        tracker = MlflowTracker(config.mlflow, config.mlflow_experiment, run.path, config.to_dict())
+        run.sinks.append(tracker)
+    title = f"{config.algorithm}, k={config.workers}, {config.model}"
+    try:
+        summary = runner.execute(Progress(enabled=progress, desc=title))
+    except BaseException as e:
+        if tracker is not None:
+            tracker.fail(isinstance(e, KeyboardInterrupt))
+        if not isinstance(e, DanaError) or "No module named" not in str(e):
+            raise
+        raise DanaError(
+            f"{e}\nThe Ray workers could not unpickle the model, data or loss: define them "
+            "in the driver script (shipped by value), make their module importable on every "
+            "node (runtime_env working_dir or py_modules), or call "
+            "ray.cloudpickle.register_pickle_by_value(module) before dana.fit"
+        ) from None
+    finally:
+        run.close()
+    run.write_summary(summary)
+    if runner.rows:
+        run.write_plot(runner.rows, title)
+    if tracker is not None:
+        tracker.finish(summary)
+    if config.backend == "ray":
+        log, final = runner.merger.log, runner.final_params
+        if final is None:  # (no evaluation came back: the run stopped at once)
+            final = problem.initial_params()
+    else:
+        log, final = runner.sim.log, runner.sim.params()
+    with torch.no_grad():
+        problem.flat.load(final)
+    return FitResult(
+        problem.flat.module,
+        [dict(r) for r in runner.rows],
+        summary,
+        log,
+        config.backend,
+        problem=problem,
+    )
