@@ -4,8 +4,8 @@ Workers send precomputed messages as fast as they can; the number that counts is
 applied per second at the server, measured over a window after a warm-up (the object
 store's pages are touched for the first time during the warm-up).
 
-- dana: the real :class:`dana.dist.server.ShardServer` (``dana-slim``: the master does
-  ``Theta -= lr*u``) and the real worker-side protocol (:class:`dana.dist.link.ServerLink`):
+- dana: the real :class:`dana.ps.server.ShardServer` (``dana-slim``: the master does
+  ``Theta -= lr*u``) and the real worker-side protocol (:class:`dana.ps.link.ServerLink`):
   each step is one ``exchange`` call per shard (push, then pull the new parameters),
   numpy arrays through Ray's object store. The server also keeps the run's log and
   measures staleness and gap, as in a real run.
@@ -51,9 +51,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from dana.dist.layout import Layout  # noqa: E402
-from dana.dist.link import ServerLink  # noqa: E402
-from dana.dist.server import ShardServer  # noqa: E402
+from dana.ps.layout import Layout  # noqa: E402
+from dana.ps.link import ServerLink  # noqa: E402
+from dana.ps.server import ShardServer  # noqa: E402
 from dana.train.config import TrainConfig  # noqa: E402
 
 SMALL, LARGE = 272_474, 25_557_032

@@ -252,7 +252,7 @@ def train(
             raise DanaError("--backend ray needs Ray: pip install 'ray>=2.9'") from None
     problem = Problem(config)  # loads data and builds the model: bad input fails here
     if config.backend == "ray":
-        from dana.dist.launcher import RayRun
+        from dana.ps.launcher import RayRun
 
         runner: Any = RayRun(config, run, problem)
     else:

@@ -34,7 +34,7 @@ calls' Ray object references, below):
 - ``forget(worker)``: drop the bounded-staleness records of a worker gone for good.
 
 Bounded staleness (``max_staleness`` set, an asynchronous algorithm): shard 0 keeps the
-:class:`~dana.dist.gate.StalenessGate`. A pull the start gate refuses is answered
+:class:`~dana.ps.gate.StalenessGate`. A pull the start gate refuses is answered
 ``status == "wait"`` (no parameters); a push the push gate holds is answered ``"wait"``
 and not applied, its sequence number not taken: the worker sends it again (the same
 ``seq``) a moment later. ``exchange`` whose push is applied but whose pull must wait
@@ -71,9 +71,9 @@ from torch import Tensor
 
 from dana import algorithms
 from dana.algorithms.base import MasterRule
-from dana.dist.gate import StalenessGate
-from dana.dist.layout import Layout
-from dana.dist.log import ShardLog
+from dana.ps.gate import StalenessGate
+from dana.ps.layout import Layout
+from dana.ps.log import ShardLog
 from dana.train.config import TrainConfig
 from dana.train.runner import build_schedule
 from dana.train.schedule import schedule_epoch

@@ -9,7 +9,7 @@ own state, e.g. ``dana-slim``'s momentum ``v_i``). One step, as in the simulator
    stream, ``g = grad f(p_i) + wd * p_i``;
 2. ``rule.set_lr(lr)``, ``message = rule.message(0, g)`` (``None``: a local step,
    counted by the servers, no pull); with ``--time-scale``, sleep to the emulated step
-   time (:mod:`dana.dist.delay`). ``lr`` is the learning rate the servers sent with the
+   time (:mod:`dana.ps.delay`). ``lr`` is the learning rate the servers sent with the
    parameters (the simulator's is the one at the push: they differ only by how far the
    schedule moved during one step);
 3. push the message with the next sequence number and pull in the same round trip
@@ -46,10 +46,10 @@ import torch
 from torch import Tensor
 
 from dana import algorithms
-from dana.dist.delay import StepDelay
-from dana.dist.layout import Layout
-from dana.dist.link import ServerLink
-from dana.dist.server import APPLIED, DUPLICATE, LOCAL, STOP, WAIT
+from dana.ps.delay import StepDelay
+from dana.ps.layout import Layout
+from dana.ps.link import ServerLink
+from dana.ps.server import APPLIED, DUPLICATE, LOCAL, STOP, WAIT
 from dana.train.batches import BatchStream
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem

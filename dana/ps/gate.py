@@ -4,7 +4,7 @@
 docstring, "Bounded staleness"; docs/ALGORITHMS.md): no push is applied with a staleness
 above ``s``. One server decides (shard 0, the only one with a gate; with several shards
 it relays every push and pull to the others in its own order, see
-:mod:`dana.dist.server`). The in-flight workers (pulled, not yet pushed; a worker taking
+:mod:`dana.ps.server`). The in-flight workers (pulled, not yet pushed; a worker taking
 local steps stays in flight) are kept in the order of their pulls; ``U`` counts the
 pushes applied and ``p_j`` is ``U`` at worker ``j``'s pull.
 

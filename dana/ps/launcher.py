@@ -7,8 +7,8 @@ keys (via :func:`dana.train.runner.summarize`), checkpoints for ``--resume``; an
 ``step_times.csv`` (every push's step time, for the simulator's ``trace`` timing) and
 ``dist.json`` (the runtime's counters).
 
-The driver starts ``S`` :class:`~dana.dist.server.ShardServer` actors (the parameters
-split into contiguous shards) and ``k`` :class:`~dana.dist.worker.Worker` actors; the
+The driver starts ``S`` :class:`~dana.ps.server.ShardServer` actors (the parameters
+split into contiguous shards) and ``k`` :class:`~dana.ps.worker.Worker` actors; the
 workers talk to the servers directly, and the driver only watches:
 
 - asynchronous algorithms: each worker runs its loop until the servers, having applied
@@ -20,7 +20,7 @@ workers talk to the servers directly, and the driver only watches:
 
 ``--max-staleness s`` (asynchronous algorithms; ``ssgd`` ignores it, as in the
 simulator): shard 0 keeps the simulator's start and push gates
-(:mod:`dana.dist.gate`) and answers what they refuse with "wait"; with several shards
+(:mod:`dana.ps.gate`) and answers what they refuse with "wait"; with several shards
 it relays every call to the others, so that all shards count alike. The summary's
 ``wait_time`` is the seconds workers spent waiting, summed over workers.
 
@@ -45,18 +45,18 @@ import torch
 
 from dana import algorithms
 from dana.atomic import write_text_atomic
-from dana.dist.checkpoint import build_state, check_state, to_numpy
-from dana.dist.cluster import (
+from dana.ps.checkpoint import build_state, check_state, to_numpy
+from dana.ps.cluster import (
     WORKER_RESTARTS,
     import_ray,
     ray_session,
     server_options,
     worker_options,
 )
-from dana.dist.layout import Layout
-from dana.dist.log import LogMerger
-from dana.dist.server import ShardServer
-from dana.dist.worker import Worker
+from dana.ps.layout import Layout
+from dana.ps.log import LogMerger
+from dana.ps.server import ShardServer
+from dana.ps.worker import Worker
 from dana.errors import ConfigError, DanaError
 from dana.sim.timing import write_trace
 from dana.train.config import TrainConfig

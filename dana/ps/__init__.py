@@ -1,0 +1,14 @@
+"""The parameter-server runtime on Ray: the same master and worker rules, driven by actors.
+
+- :mod:`dana.ps.server`: a parameter-server shard (the master rule on a slice of the
+  parameters) and the protocol the workers speak to it;
+- :mod:`dana.ps.worker`: a worker (model replica, its own data stream, a worker rule);
+- :mod:`dana.ps.link`: a worker's calls to all shards at once;
+- :mod:`dana.ps.gate`: bounded staleness (``--max-staleness``), the simulator's gates;
+- :mod:`dana.ps.launcher`: ``dana train --backend ray``'s driver (:class:`RayRun`);
+- :mod:`dana.ps.log`, :mod:`dana.ps.checkpoint`, :mod:`dana.ps.layout`,
+  :mod:`dana.ps.delay`, :mod:`dana.ps.cluster`: the per-push log, checkpoints, the
+  split of the parameters, emulated step times, starting or joining Ray.
+
+See docs/DISTRIBUTED.md. Importing this package does not import Ray.
+"""
