@@ -20,14 +20,14 @@ DOCTEST_MODULES = [
     "dana.algorithms.gap_aware",
     "dana.algorithms.ssgd",
     "dana.sim.simulator",
-    "dana.sim.timing",
+    "dana.train.timing",
     "dana.train.schedule",
     "dana.train.batches",
     "dana.train.flat",
 ]
 
 # The modules whose docstrings promise an example: it must be there, not only pass.
-WITH_EXAMPLES = set(DOCTEST_MODULES) - {"dana.algorithms.base", "dana.sim.timing"}
+WITH_EXAMPLES = set(DOCTEST_MODULES) - {"dana.algorithms.base", "dana.train.timing"}
 
 
 @pytest.mark.parametrize("module", DOCTEST_MODULES)

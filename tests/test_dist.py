@@ -26,15 +26,15 @@ import pytest
 import torch
 
 from dana import algorithms
+from dana.errors import ConfigError
 from dana.ps.layout import Layout, shard_bounds
 from dana.ps.log import LogMerger, ShardLog
 from dana.ps.server import APPLIED, DUPLICATE, PARAMS, STOP, WAIT, ShardServer
-from dana.errors import ConfigError
-from dana.sim.timing import read_trace
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
 from dana.train.progress import Progress
 from dana.train.rundir import METRICS_COLUMNS, RunDir
+from dana.train.timing import read_trace
 
 try:
     import ray
@@ -209,7 +209,7 @@ def test_bounded_staleness_gates_at_the_server():
 def test_gate_docstring_example():
     import doctest
 
-    from dana.ps import gate
+    from dana.train import gate
 
     result = doctest.testmod(gate)
     assert result.failed == 0 and result.attempted > 0

@@ -4,11 +4,16 @@
   parameters) and the protocol the workers speak to it;
 - :mod:`dana.ps.worker`: a worker (model replica, its own data stream, a worker rule);
 - :mod:`dana.ps.link`: a worker's calls to all shards at once;
-- :mod:`dana.ps.gate`: bounded staleness (``--max-staleness``), the simulator's gates;
+- :mod:`dana.ps.relay`, :mod:`dana.ps.snapshots`: shard 0's relay to the other shards
+  (bounded staleness), a shard's snapshots for evaluations and checkpoints;
 - :mod:`dana.ps.launcher`: ``dana train --backend ray``'s driver (:class:`RayRun`);
 - :mod:`dana.ps.log`, :mod:`dana.ps.checkpoint`, :mod:`dana.ps.layout`,
   :mod:`dana.ps.delay`, :mod:`dana.ps.cluster`: the per-push log, checkpoints, the
   split of the parameters, emulated step times, starting or joining Ray.
+
+It stands on the floor (:mod:`dana.train`): the config, the staleness gate
+(:mod:`dana.train.gate`), the worker step, the push log, the metrics and the timing
+models come from there; it never imports the simulator.
 
 See docs/DISTRIBUTED.md. Importing this package does not import Ray.
 """

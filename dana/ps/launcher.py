@@ -1,9 +1,10 @@
 """``dana train --backend ray``: the driver of a run on Ray.
 
-:class:`RayRun` has the interface of the simulator's ``SimRun`` (``rows``,
-``load_state_dict``, ``execute(progress) -> summary``) and writes the same run directory:
-``metrics.csv`` rows at the same points of the data stream, the same ``summary.json``
-keys (via :func:`dana.train.runner.summarize`), checkpoints for ``--resume``; and also
+:class:`RayRun` is a runner (:class:`dana.train.runners.Runner`: ``rows``,
+``load_state_dict``, ``execute(progress) -> summary``) and writes the same run directory
+as the simulator's: ``metrics.csv`` rows at the same points of the data stream
+(:func:`dana.train.metrics.metrics_row`), the same ``summary.json`` keys
+(:func:`dana.train.metrics.summarize`), checkpoints for ``--resume``; and also
 ``step_times.csv`` (every push's step time, for the simulator's ``trace`` timing) and
 ``dist.json`` (the runtime's counters).
 
@@ -19,8 +20,8 @@ workers talk to the servers directly, and the driver only watches:
   restarted and redoes its step; a push already applied is not applied twice).
 
 ``--max-staleness s`` (asynchronous algorithms; ``ssgd`` ignores it, as in the
-simulator): shard 0 keeps the simulator's start and push gates
-(:mod:`dana.ps.gate`) and answers what they refuse with "wait"; with several shards
+simulator): shard 0 keeps the floor's start and push gates
+(:mod:`dana.train.gate`, on its clock) and answers what they refuse with "wait"; with several shards
 it relays every call to the others, so that all shards count alike. The summary's
 ``wait_time`` is the seconds workers spent waiting, summed over workers.
 
@@ -43,8 +44,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from dana import algorithms
+from dana.algorithms.base import Algorithm
 from dana.atomic import write_text_atomic
+from dana.errors import ConfigError, DanaError
 from dana.ps.checkpoint import build_state, check_state, to_numpy
 from dana.ps.cluster import (
     WORKER_RESTARTS,
@@ -57,13 +59,14 @@ from dana.ps.layout import Layout
 from dana.ps.log import LogMerger
 from dana.ps.server import ShardServer
 from dana.ps.worker import Worker
-from dana.errors import ConfigError, DanaError
-from dana.sim.timing import write_trace
 from dana.train.config import TrainConfig
+from dana.train.gate import bounds_staleness
+from dana.train.metrics import Position, divergence_row, metrics_row, summarize
 from dana.train.problem import Problem
 from dana.train.progress import Progress
 from dana.train.rundir import RunDir
-from dana.train.runner import _mean, stop_points, summarize
+from dana.train.runner import stop_points
+from dana.train.timing import write_trace
 
 #: Seconds between two looks of the driver at the servers.
 POLL_SECONDS = 0.2
@@ -72,17 +75,17 @@ POLL_SECONDS = 0.2
 class RayRun:
     """One training run on Ray writing to one run directory."""
 
-    def __init__(self, config: TrainConfig, run: RunDir, problem: Problem):
+    def __init__(self, config: TrainConfig, run: RunDir, problem: Problem, algorithm: Algorithm):
         self.config, self.run, self.problem = config, run, problem
+        self.algorithm = algorithm  # (built once: the actors get this object)
         self.k, self.S = config.workers, config.servers
         self.d = problem.flat.d
         if self.S > self.d:
             raise ConfigError(f"--servers {self.S} is more than the model's {self.d} parameters")
-        algorithm = algorithms.get(config.algorithm)
         self.batches_per_epoch = problem.dataset.train_size // config.batch_size
         self.synchronous = algorithm.synchronous
         # Bounded staleness (ssgd ignores it): shard 0 gates, and relays when S > 1.
-        self.bounded = config.max_staleness is not None and not self.synchronous
+        self.bounded = bounds_staleness(config.max_staleness, self.synchronous)
         self.relay = self.bounded and self.S > 1
         self.wait_time, self.waits = 0.0, 0
         self.rows: list[dict[str, float]] = []
@@ -106,7 +109,6 @@ class RayRun:
         self.diverged_index: int | None = None  # the first such entry
         self.diverged_steps = 0
 
-    # -- what summarize() reads ---------------------------------------------------------
     @property
     def epoch(self) -> float:
         return self.steps / self.batches_per_epoch
@@ -162,8 +164,15 @@ class RayRun:
             list(zip(self.merger.log.worker.tolist(), self.merger.durations.tolist())),
         )
         write_text_atomic(self.run.path / "dist.json", json.dumps(self.counters, indent=2) + "\n")
+        end = Position(self.epoch, self.updates, self.pushes, self.sim_time)
         return summarize(
-            self.config, self.rows, self.merger.log.numpy(), self.diverged_at, wall, self
+            self.config,
+            self.rows,
+            self.merger.log.numpy(),
+            self.diverged_at,
+            wall,
+            end,
+            self.wait_time,
         )
 
     def _wall(self) -> float:
@@ -189,12 +198,13 @@ class RayRun:
                 checkpoints=checkpoints,
                 state=None if self.saved_servers is None else self.saved_servers[s],
                 peers=names[1:] if self.relay and s == 0 else None,
+                algorithm=self.algorithm,
             )
             for s, (lo, hi) in enumerate(layout.bounds)
         ]
         worker_cls = ray.remote(Worker).options(**worker_options())
         self.workers = workers = [
-            worker_cls.remote(config, i, names, self.d) for i in range(self.k)
+            worker_cls.remote(config, i, names, self.d, self.algorithm) for i in range(self.k)
         ]
         try:
             ray.get([w.ready.remote() for w in workers] + [s.ready.remote() for s in servers])
@@ -348,18 +358,14 @@ class RayRun:
         test_loss, test_error = self.problem.evaluate(params)
         log = self.merger.log.numpy(self.logged, head["pushes"])
         self.logged = head["pushes"]
-        row = {
-            "epoch": head["steps"] / self.batches_per_epoch,
-            "updates": head["updates"],
-            "sim_time": head["time"],
-            "wall_seconds": self._wall(),
-            "lr": head["lr"],
-            "train_loss": _mean(log["loss"]),
-            "test_loss": test_loss,
-            "test_error": test_error,
-            "mean_gap": _mean(log["gap"]),
-            "mean_staleness": _mean(log["staleness"]),
-        }
+        at = Position(
+            head["steps"] / self.batches_per_epoch,
+            head["updates"],
+            head["pushes"],
+            head["time"],
+            head["lr"],
+        )
+        row = metrics_row(at, self._wall(), log, test_loss, test_error)
         self.sim_time = head["time"]
         self.rows.append(row)
         return row
@@ -369,18 +375,14 @@ class RayRun:
         (or at the evaluation that found a non-finite test loss)."""
         stop = self.diverged_index + 1 if self.diverged_index is not None else None
         log = self.merger.log.numpy(self.logged, stop)
-        return {
-            "epoch": self.diverged_steps / self.batches_per_epoch,
-            "updates": self.diverged_at,
-            "sim_time": float(log["sim_time"][-1]) if len(log["sim_time"]) else self.sim_time,
-            "wall_seconds": wall,
-            "lr": float(log["lr"][-1]) if len(log["lr"]) else math.nan,
-            "train_loss": math.nan,
-            "test_loss": math.nan,
-            "test_error": math.nan,
-            "mean_gap": _mean(log["gap"]),
-            "mean_staleness": _mean(log["staleness"]),
-        }
+        at = Position(
+            self.diverged_steps / self.batches_per_epoch,
+            self.diverged_at,
+            self.pushes,
+            float(log["sim_time"][-1]) if len(log["sim_time"]) else self.sim_time,
+            float(log["lr"][-1]) if len(log["lr"]) else math.nan,
+        )
+        return divergence_row(at, wall, log)
 
     def _show(self, progress: Progress) -> None:
         loss = self.merger.log.loss[-1] if len(self.merger) else math.nan

@@ -34,7 +34,7 @@ calls' Ray object references, below):
 - ``forget(worker)``: drop the bounded-staleness records of a worker gone for good.
 
 Bounded staleness (``max_staleness`` set, an asynchronous algorithm): shard 0 keeps the
-:class:`~dana.ps.gate.StalenessGate`. A pull the start gate refuses is answered
+:class:`~dana.train.gate.StalenessGate` (on its clock). A pull the start gate refuses is answered
 ``status == "wait"`` (no parameters); a push the push gate holds is answered ``"wait"``
 and not applied, its sequence number not taken: the worker sends it again (the same
 ``seq``) a moment later. ``exchange`` whose push is applied but whose pull must wait
@@ -69,12 +69,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dana import algorithms
-from dana.algorithms.base import MasterRule
-from dana.ps.gate import StalenessGate
+from dana.algorithms.base import Algorithm, MasterRule
 from dana.ps.layout import Layout
 from dana.ps.log import ShardLog
+from dana.ps.relay import Relay
+from dana.ps.snapshots import Snapshots
 from dana.train.config import TrainConfig
+from dana.train.gate import StalenessGate, bounds_staleness
 from dana.train.runner import build_schedule
 from dana.train.schedule import schedule_epoch
 
@@ -100,7 +101,10 @@ class ShardServer:
             for a checkpoint.
         state: a checkpointed :meth:`state` to continue from.
         peers: shard 0 of a sharded run with bounded staleness: the names of the other
-            shards' actors, to which it relays every call (resolved by :meth:`begin`).
+            shards' actors, to which it relays every call (resolved by :meth:`begin`;
+            :class:`~dana.ps.relay.Relay`).
+        algorithm: the run's algorithm, built once by the driver (``None``: build it
+            from ``config``).
     """
 
     def __init__(
@@ -116,17 +120,17 @@ class ShardServer:
         checkpoints: list[int],
         state: dict[str, Any] | None = None,
         peers: list[str] | None = None,
+        algorithm: Algorithm | None = None,
     ):
         torch.set_num_threads(1)
         cfg = TrainConfig.from_dict(config)
-        algorithm = algorithms.build(cfg.algorithm, **cfg.algorithm_hparams())
+        if algorithm is None:
+            algorithm = cfg.build_algorithm()
         self.shard, self.k = shard, cfg.workers
         self.synchronous = algorithm.synchronous
-        bounded = cfg.max_staleness is not None and not self.synchronous  # ssgd: rounds
+        bounded = bounds_staleness(cfg.max_staleness, self.synchronous)
         self.gate = StalenessGate(cfg.max_staleness) if bounded and shard == 0 else None
-        self.peer_names = list(peers or [])
-        self.peers: list[Any] = []  # their actor handles, once begin() has run
-        self.rejoined = [False] * self.k  # relay: a join to pass on with the next pull
+        self.relay = Relay(peers or [], self.k)
         self.master = algorithm.master(torch.from_numpy(params), self.k)  # (a copy)
         self._plain_pull = type(self.master).pull is MasterRule.pull  # pull == copy theta
         self._out = None if self._plain_pull else torch.empty_like(self.master.theta)
@@ -154,14 +158,9 @@ class ShardServer:
         self.waits_before, self.wait_before = 0, 0.0  # before a resume (the gate: since)
         self.buffers: dict[str, np.ndarray] | None = None
         self.log = ShardLog()
-        self.snapshots: list[dict[str, Any]] = []
         if state is not None:
             self.load_state(state)
-        # A fresh run also snapshots its start (point 0); a resumed one the points after
-        # its checkpoint.
-        self.evals = {p for p in evals if p > self.steps or state is None}
-        self.checkpoints = {p for p in checkpoints if p > self.steps}
-        self.points = sorted(self.evals | self.checkpoints)
+        self.snapshots = Snapshots(evals, checkpoints, self.steps, fresh=state is None)
         if end is not None and self.steps >= end:
             self.stopped = True
 
@@ -174,10 +173,7 @@ class ShardServer:
         start of training, earlier by the training time before a resume)."""
         self.clock_zero = clock_zero
         self.cycle_start = [time.time()] * self.k
-        if self.peer_names:
-            import ray
-
-            self.peers = [ray.get_actor(name) for name in self.peer_names]
+        self.relay.connect()
         self._after_step(moved=True)  # the snapshot of point 0, if due
 
     def pull(
@@ -185,7 +181,7 @@ class ShardServer:
     ) -> tuple[str, np.ndarray | None, float, int, int]:
         if join:
             self.joins[worker] += 1
-            self.rejoined[worker] = True
+            self.relay.joined(worker)
         seen = self.last_seq[worker], self.joins[worker]
         if self.stopped:
             return STOP, None, math.nan, *seen
@@ -323,19 +319,15 @@ class ShardServer:
         pieces: list[Any] | None,
         offsets: list[np.ndarray | None],
     ) -> None:
-        if status not in (APPLIED, LOCAL):
-            return
-        for s, peer in enumerate(self.peers):
-            piece = None if pieces is None else pieces[s]
-            peer.push.remote(worker, seq, piece, math.nan, offsets[s], None)
+        if status in (APPLIED, LOCAL):
+            self.relay.push(worker, seq, pieces, offsets)
 
     def _relay_pull(self, worker: int) -> list[Any]:
-        join, self.rejoined[worker] = self.rejoined[worker], False
-        return [peer.pull.remote(worker, join) for peer in self.peers]
+        return self.relay.pull(worker)
 
     # -- the driver's calls ---------------------------------------------------------------
     def poll(self) -> dict[str, Any]:
-        snapshots, self.snapshots = self.snapshots, []
+        snapshots = self.snapshots.drain()
         waits, wait_time = self._waits()
         return {
             "log": self.log.drain(),
@@ -352,7 +344,7 @@ class ShardServer:
         """Stop; shard 0 that relays also stops the other shards, after every call it
         relayed to them (the references of those stops, for the driver to wait on)."""
         self.stopped = True
-        return [peer.stop.remote() for peer in self.peers]
+        return self.relay.stop()
 
     def forget(self, worker: int) -> None:
         if self.gate is not None:
@@ -457,9 +449,8 @@ class ShardServer:
 
     def _after_step(self, moved: bool) -> None:
         """Snapshot at the points passed (``ssgd``: once its round is complete); stop at end."""
-        if self.points and self.steps >= self.points[0] and (moved or not self.synchronous):
-            while self.points and self.steps >= self.points[0]:
-                self._snapshot(self.points.pop(0))
+        for point in self.snapshots.due(self.steps, moved, self.synchronous):
+            self._snapshot(point)
         if self.end is not None and self.steps >= self.end:
             self.stopped = True
 
@@ -473,11 +464,11 @@ class ShardServer:
             "lr": self.lr(),
             "buffers": self.buffers,
         }
-        if point in self.evals:
+        if point in self.snapshots.evals:
             snap["params"] = self.master.params().numpy().copy()
-        if point in self.checkpoints:
+        if point in self.snapshots.checkpoints:
             snap["state"] = self.state()
-        self.snapshots.append(snap)
+        self.snapshots.add(snap)
 
 
 _STATE_COUNTERS = (

@@ -6,7 +6,7 @@ always come from the servers) and the algorithm's worker rule for a single worke
 own state, e.g. ``dana-slim``'s momentum ``v_i``). One step, as in the simulator:
 
 1. compute at the pulled parameters (``rule.compute_at``), on the next batch of its own
-   stream, ``g = grad f(p_i) + wd * p_i``;
+   stream, ``g = grad f(p_i) + wd * p_i`` (the floor's :class:`~dana.train.step.WorkerStep`);
 2. ``rule.set_lr(lr)``, ``message = rule.message(0, g)`` (``None``: a local step,
    counted by the servers, no pull); with ``--time-scale``, sleep to the emulated step
    time (:mod:`dana.ps.delay`). ``lr`` is the learning rate the servers sent with the
@@ -45,14 +45,16 @@ import ray
 import torch
 from torch import Tensor
 
-from dana import algorithms
+from dana.algorithms.base import Algorithm
 from dana.ps.delay import StepDelay
 from dana.ps.layout import Layout
 from dana.ps.link import ServerLink
 from dana.ps.server import APPLIED, DUPLICATE, LOCAL, STOP, WAIT
 from dana.train.batches import BatchStream
 from dana.train.config import TrainConfig
+from dana.train.gate import bounds_staleness
 from dana.train.problem import Problem
+from dana.train.step import WorkerStep
 
 #: Seconds before a worker asks again after a "wait" (bounded staleness); each further
 #: "wait" doubles the pause, up to :data:`WAIT_MAX`.
@@ -63,17 +65,27 @@ WAIT_MAX = 0.016
 class Worker:
     """Args: the run's config (a dict), this worker's index, the names of the shard
     servers' actors (in shard order; names, not handles, so that Ray can restart the
-    worker from plain arguments) and ``d``."""
+    worker from plain arguments) and ``d``; ``algorithm``: the run's, built once by the
+    driver (``None``: build it from ``config``)."""
 
-    def __init__(self, config: dict[str, Any], index: int, servers: list[str], d: int):
+    def __init__(
+        self,
+        config: dict[str, Any],
+        index: int,
+        servers: list[str],
+        d: int,
+        algorithm: Algorithm | None = None,
+    ):
         torch.set_num_threads(1)
         self.config = TrainConfig.from_dict(config)
         self.index = index
         self.problem = Problem(self.config)
-        algorithm = algorithms.build(self.config.algorithm, **self.config.algorithm_hparams())
+        if algorithm is None:
+            algorithm = self.config.build_algorithm()
         dtype = getattr(torch, self.config.dtype)
         self.rule = algorithm.worker(1, d, dtype)
-        bounded = self.config.max_staleness is not None and not algorithm.synchronous
+        self.worker_step = WorkerStep(self.rule, self.problem.gradient, self.config.weight_decay)
+        bounded = bounds_staleness(self.config.max_staleness, algorithm.synchronous)
         self.link = ServerLink(
             [ray.get_actor(name) for name in servers],
             Layout(d, self.config.servers, self.config.seed),
@@ -134,12 +146,8 @@ class Worker:
     def _step(self, params: Tensor, counts: Counter[str], exchange: bool) -> Tensor | None:
         """One gradient computation and its push; the next parameters (None: stop)."""
         started = time.perf_counter()
-        p = self.rule.compute_at(0, params)
-        grad, loss = self.problem.gradient(p, self.stream.next())
-        if self.config.weight_decay:
-            grad.add_(p, alpha=self.config.weight_decay)
-        self.rule.set_lr(self.lr)
-        message = self.rule.message(0, grad)
+        grad, loss = self.worker_step.gradient(0, params, self.stream.next())
+        message = self.worker_step.message(0, grad, self.lr)
         offset = self.rule.theta_offset(1.0) if self.sends_offset and message is not None else None
         buffers = (
             {k: v.numpy() for k, v in self.problem.flat.buffers_state().items()}
