@@ -11,10 +11,11 @@
 - :mod:`dana.train.pushlog`, :mod:`dana.train.metrics`: the per-push log, the metrics
   row and the summary;
 - :mod:`dana.train.rundir`, :mod:`dana.train.progress`: the run directory, the progress bar;
-- :mod:`dana.train.runners`, :mod:`dana.train.runner`: runners by backend name, and
-  ``dana train``'s :func:`~dana.train.runner.train`.
+- :mod:`dana.train.runners`, :mod:`dana.train.backends`, :mod:`dana.train.runner`: the
+  runner protocol, runners by backend name, and ``dana train``'s
+  :func:`~dana.train.runner.train`.
 
 The runners (:mod:`dana.sim`, :mod:`dana.ps`) import the floor; the floor names them
-only in :data:`dana.train.runners.RUNNERS` and imports one when a run asks for it.
+only in :data:`dana.train.backends.RUNNERS` and imports one when a run asks for it.
 docs/ARCHITECTURE.md draws the layers.
 """

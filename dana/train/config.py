@@ -20,7 +20,7 @@ import yaml
 from dana import algorithms
 from dana.algorithms.base import Algorithm
 from dana.errors import ConfigError
-from dana.train.runners import RUNNERS
+from dana.train.backends import RUNNERS
 from dana.train.timing import TIMING_MODELS
 
 BACKENDS = tuple(RUNNERS)

@@ -2,7 +2,7 @@
 
 :func:`train` checks the run directory and the config, builds the problem (data and
 model) and the algorithm once, and hands them to the runner of ``config.backend``
-(:mod:`dana.train.runners`), then writes ``summary.json`` and the curves. What every
+(:mod:`dana.train.backends`), then writes ``summary.json`` and the curves. What every
 runner shares lives here too: the learning-rate schedule (:func:`build_schedule`) and
 the points of the data stream where a run evaluates and checkpoints
 (:func:`stop_points`).
@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from dana.errors import DanaError
+from dana.train.backends import check_backend, runner_class
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
 from dana.train.progress import Progress
 from dana.train.rundir import RunDir
-from dana.train.runners import check_backend, runner_class
 from dana.train.schedule import LRSchedule
 
 
