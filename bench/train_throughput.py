@@ -89,7 +89,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads for both")
     parser.add_argument("--dataset", default="fashion-mnist")
     parser.add_argument("--model", default="cnn")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a smoke run: tiny sizes, seconds; checks the script runs (its numbers mean nothing)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.workers, args.steps, args.chunk, args.warmup = 4, 4, 2, 1
+        args.dataset, args.model = "synthetic", "linear"
 
     torch.set_num_threads(args.threads)
     config = TrainConfig(
