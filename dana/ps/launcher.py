@@ -75,9 +75,18 @@ POLL_SECONDS = 0.2
 class RayRun:
     """One training run on Ray writing to one run directory."""
 
-    def __init__(self, config: TrainConfig, run: RunDir, problem: Problem, algorithm: Algorithm):
+    def __init__(
+        self,
+        config: TrainConfig,
+        run: RunDir,
+        problem: Problem,
+        algorithm: Algorithm | None = None,
+    ):
         self.config, self.run, self.problem = config, run, problem
-        self.algorithm = algorithm  # (built once: the actors get this object)
+        # Built once (by train(), or here from the config): the actors get this object.
+        self.algorithm = algorithm = (
+            algorithm if algorithm is not None else config.build_algorithm()
+        )
         self.k, self.S = config.workers, config.servers
         self.d = problem.flat.d
         if self.S > self.d:

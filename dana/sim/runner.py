@@ -30,8 +30,17 @@ from dana.train.runner import build_schedule, stop_points
 class SimRun:
     """One simulated training run writing to one run directory."""
 
-    def __init__(self, config: TrainConfig, run: RunDir, problem: Problem, algorithm: Algorithm):
+    def __init__(
+        self,
+        config: TrainConfig,
+        run: RunDir,
+        problem: Problem,
+        algorithm: Algorithm | None = None,
+    ):
         self.config, self.run, self.problem = config, run, problem
+        algorithm = (
+            algorithm if algorithm is not None else config.build_algorithm()
+        )  # (train() gives the one it built)
         self.batches = BatchStream(problem.dataset.train_size, config.batch_size, seed=config.seed)
         self.sim = Simulator(
             algorithm,

@@ -32,7 +32,11 @@ class Runner(Protocol):
     rows: list[dict[str, float]]
 
     def __init__(
-        self, config: TrainConfig, run: RunDir, problem: Problem, algorithm: Algorithm
+        self,
+        config: TrainConfig,
+        run: RunDir,
+        problem: Problem,
+        algorithm: Algorithm | None = None,
     ) -> None: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
