@@ -144,7 +144,17 @@ def main() -> None:
         "--work", type=float, default=2e7, help="elements per timed block (calls = work / d)"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a smoke run: tiny sizes, seconds; checks the script runs (its numbers mean nothing)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        SIZES["tiny"] = 4096
+        args.sizes, args.workers = ["tiny"], (4, 4, 4)  # (k at each size, tiny last)
+        args.reps = args.min_reps = 1
+        args.budget, args.work = 0.0, 4096
     torch.set_num_threads(args.threads)
     workers = dict(zip(SIZES, args.workers))
 

@@ -4,8 +4,8 @@ Workers send precomputed messages as fast as they can; the number that counts is
 applied per second at the server, measured over a window after a warm-up (the object
 store's pages are touched for the first time during the warm-up).
 
-- dana: the real :class:`dana.dist.server.ShardServer` (``dana-slim``: the master does
-  ``Theta -= lr*u``) and the real worker-side protocol (:class:`dana.dist.link.ServerLink`):
+- dana: the real :class:`dana.ps.server.ShardServer` (``dana-slim``: the master does
+  ``Theta -= lr*u``) and the real worker-side protocol (:class:`dana.ps.link.ServerLink`):
   each step is one ``exchange`` call per shard (push, then pull the new parameters),
   numpy arrays through Ray's object store. The server also keeps the run's log and
   measures staleness and gap, as in a real run.
@@ -27,7 +27,7 @@ sampled at every push; and ``VmHWM``, the peak resident size, which also counts 
 object store's shared pages the process read) with dana-slim at k = 1 and k = 8.
 
 Run: ``python bench/ps_throughput.py`` (about 5 minutes on 2 cores; ``--quick`` for a
-smoke run). The last line is dana's throughput over the example's at d = 25,557,032 with
+smoke run; ``--smoke``: a tiny model in seconds, to check the script runs). The last line is dana's throughput over the example's at d = 25,557,032 with
 4 workers:
 
     throughput vs ray example R
@@ -51,9 +51,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from dana.dist.layout import Layout  # noqa: E402
-from dana.dist.link import ServerLink  # noqa: E402
-from dana.dist.server import ShardServer  # noqa: E402
+from dana.ps.layout import Layout  # noqa: E402
+from dana.ps.link import ServerLink  # noqa: E402
+from dana.ps.server import ShardServer  # noqa: E402
 from dana.train.config import TrainConfig  # noqa: E402
 
 SMALL, LARGE = 272_474, 25_557_032
@@ -84,6 +84,9 @@ def resnet50_shapes() -> list[tuple[int, ...]]:
 
 
 SHAPES = {SMALL: resnet20_shapes, LARGE: resnet50_shapes}
+#: ``--smoke``: one tiny model (two tensors) stands for both sizes.
+SMOKE = 64 * 32 + 32
+SMOKE_SHAPES = {SMOKE: lambda: [(64, 32), (32,)]}
 
 
 class LayerModel(torch.nn.Module):
@@ -187,7 +190,7 @@ class BenchWorker:
 
     def run_dana(self, seconds: float, offsets: bool) -> int:
         """Exchange the message with the servers until ``seconds`` have passed."""
-        _, _, seq, _ = self.link.pull(join=True)
+        _, _, _, seq, _ = self.link.pull(join=True)  # (status, params, lr, last seq, joins)
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
             seq += 1
@@ -313,22 +316,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short windows (a smoke run)")
     parser.add_argument("--window", type=float, default=None, help="seconds measured")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a smoke run: a tiny model, 1 and 2 workers, short windows; checks the script "
+        "runs (its numbers mean nothing)",
+    )
     args = parser.parse_args()
-    window = args.window or (2.0 if args.quick else 5.0)
-    warm = 1.0 if args.quick else 2.5
+    window = args.window or (0.3 if args.smoke else 2.0 if args.quick else 5.0)
+    warm = 0.2 if args.smoke else 1.0 if args.quick else 2.5
+    shapes_of, large = (SMOKE_SHAPES, SMOKE) if args.smoke else (SHAPES, LARGE)
+    counts = (1, 2) if args.smoke else (1, 2, 4, 8)
+    shard_counts = (1, 2) if args.smoke else (1, 2, 4)
+    memory_ks = (1, 2) if args.smoke else (1, 8)
+    ratio_k = 2 if args.smoke else 4
     ray.init(
         address="local",
-        num_cpus=16,
+        num_cpus=8 if args.smoke else 16,
         include_dashboard=False,
         object_store_memory=3 * 1024**3,
         logging_level=logging.ERROR,
     )
-    counts = (1, 2, 4, 8)
     print(f"{os.cpu_count()} CPU cores; warm-up {warm} s, window {window} s per measurement")
     ratio_line = math.nan
     results: dict[tuple[int, int], tuple[float, float]] = {}
-    for d in (SMALL, LARGE):
-        shapes = SHAPES[d]()
+    for d, shapes_fn in shapes_of.items():
+        shapes = shapes_fn()
         copy = copy_seconds(d)
         workers = [BenchWorker.remote(d, seed) for seed in range(max(counts))]
         ray.get([w.setup_example.remote(shapes) for w in workers])
@@ -351,17 +364,20 @@ def main() -> None:
             )
         for actor in servers + [example]:
             ray.kill(actor)
-        if d == LARGE:
+        if d == large:
             print("")
-            for s in (1, 2, 4):
-                shards = dana_servers(d, 8, s)
+            for s in shard_counts:
+                shards = dana_servers(d, len(workers), s)
                 ours = measure_dana(workers, shards, d, warm, window)
-                print(f"servers S={s} d={d} k=8: dana {ours['rate']:8.1f} pushes/s", flush=True)
+                print(
+                    f"servers S={s} d={d} k={len(workers)}: dana {ours['rate']:8.1f} pushes/s",
+                    flush=True,
+                )
                 for actor in shards:
                     ray.kill(actor)
             print("")
             peaks = {}
-            for k in (1, 8):
+            for k in memory_ks:
                 (server,) = dana_servers(d, k, 1)
                 ours = measure_dana(workers[:k], [server], d, warm, window, offsets=True)
                 peaks[k] = ours["peak_anon_mb"]
@@ -372,10 +388,11 @@ def main() -> None:
                     flush=True,
                 )
                 ray.kill(server)
-            print(f"memory growth k=1 -> k=8: {100 * (peaks[8] / peaks[1] - 1):+.1f}%")
+            lo, hi = memory_ks
+            print(f"memory growth k={lo} -> k={hi}: {100 * (peaks[hi] / peaks[lo] - 1):+.1f}%")
         for w in workers:
             ray.kill(w)
-    ours, theirs = results[(LARGE, 4)]
+    ours, theirs = results[(large, ratio_k)]
     ratio_line = ours / theirs
     ray.shutdown()
     print(f"throughput vs ray example {ratio_line:.2f}")

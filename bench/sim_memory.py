@@ -100,7 +100,14 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=["dana-zero", "dana-slim"])
     parser.add_argument("--d", type=int, default=D, help="parameters (default ResNet-20's)")
     parser.add_argument("--pushes", type=int, default=1000, help="pushes per run")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a smoke run: tiny sizes, seconds; checks the script runs (its numbers mean nothing)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.workers, args.d, args.pushes = [1, 4], 10_000, 40
     ks = sorted(set(args.workers))
     if len(ks) < 2:
         parser.error("give at least two worker counts")

@@ -204,7 +204,15 @@ def main() -> None:
     parser.add_argument(
         "--breakdown", action="store_true", help="first time the parts of a step (~15 s)"
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a smoke run: tiny sizes, seconds; checks the script runs (its numbers mean nothing)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.workers, args.pushes, args.reps, args.chunk, args.warmup = 4, 4, 1, 2, 1
+        args.batch_size, args.data, args.train_size = 16, "random", 256
 
     torch.set_num_threads(args.threads)
     x, y, source = load_data(args.data, args.train_size)

@@ -1,6 +1,6 @@
 """Images per second of ``dana train`` against a plain PyTorch training loop.
 
-``dana train``'s own training path (a :class:`~dana.train.runner.SimRun` built from a
+``dana train``'s own training path (a :class:`~dana.sim.runner.SimRun` built from a
 :class:`~dana.train.config.TrainConfig`: the dataset, the model made flat, the
 simulator with its gap and staleness records, and the per-step callback that watches
 for divergence and drives the progress bar) simulating ``k = 16`` workers with
@@ -29,12 +29,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from dana.models import build_model  # noqa: E402
+from dana.sim.runner import SimRun  # noqa: E402
 from dana.train.batches import BatchStream  # noqa: E402
 from dana.train.config import TrainConfig  # noqa: E402
 from dana.train.problem import Problem  # noqa: E402
 from dana.train.progress import Progress  # noqa: E402
 from dana.train.rundir import RunDir  # noqa: E402
-from dana.train.runner import SimRun  # noqa: E402
 
 
 class DanaTrain:
@@ -42,7 +42,7 @@ class DanaTrain:
 
     def __init__(self, config: TrainConfig, out: Path):
         self.problem = Problem(config)
-        self.run = SimRun(config, RunDir(out), self.problem)
+        self.run = SimRun(config, RunDir(out), self.problem, config.build_algorithm())
         self.callback = self.run._tick(Progress(enabled=False))
 
     def steps(self, n: int) -> float:
@@ -89,7 +89,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads for both")
     parser.add_argument("--dataset", default="fashion-mnist")
     parser.add_argument("--model", default="cnn")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a smoke run: tiny sizes, seconds; checks the script runs (its numbers mean nothing)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.workers, args.steps, args.chunk, args.warmup = 4, 4, 2, 1
+        args.dataset, args.model = "synthetic", "linear"
 
     torch.set_num_threads(args.threads)
     config = TrainConfig(

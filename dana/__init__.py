@@ -9,8 +9,7 @@ from dana import algorithms
 from dana.api import SimulationResult, simulate
 from dana.fitting import FitResult, fit
 from dana.sim import Simulator
-
-__version__ = "0.1.0"
+from dana.version import __version__
 
 __all__ = [
     "FitResult",

@@ -26,9 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dana import algorithms
-from dana.sim.simulator import PushLog, Simulator
+from dana.sim.simulator import Simulator
 from dana.train.batches import BatchStream
 from dana.train.flat import FlatModel, LossFn
+from dana.train.pushlog import PushLog
 from dana.train.schedule import LRSchedule
 
 

@@ -2,240 +2,27 @@
 
 Exit status: 0 success; 2 bad input (the message says what and how to fix it; nothing
 is left half-written); 3 the training diverged (a result: ``summary.json`` says where);
+4 a fault the run could not survive (a lost server shard: ``--resume`` continues it);
 1 an unexpected internal error; 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
-from typing import Any
 
-EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-EXIT_FAULT = 4  # a fault the run could not survive (a lost server shard): --resume
+from dana.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_FAULT, EXIT_INTERRUPTED, EXIT_OK
+from dana.train.options import HelpFormatter, add_train_options, collect_options
 
-
-class HelpFormatter(argparse.HelpFormatter):
-    """argparse's formatter, without breaking names like ``dana-slim`` at their hyphen."""
-
-    def _split_lines(self, text: str, width: int) -> list[str]:
-        import textwrap
-
-        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
-
-
-def _defaults() -> dict[str, Any]:
-    from dana.train.config import TrainConfig
-
-    return {f.name: getattr(TrainConfig(), f.name) for f in dataclasses.fields(TrainConfig)}
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.replace(",", " ").split()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers like '80,120', got {text!r}") from None
-
-
-def _key_value(text: str) -> tuple[str, Any]:
-    import yaml
-
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.replace("-", "_"), yaml.safe_load(value)
-
-
-# (option, dest in TrainConfig, type, help); defaults come from TrainConfig.
-TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
-    ("--algorithm", "algorithm", str, "algorithm name (see `dana algorithms`)"),
-    ("--workers", "workers", int, "number of asynchronous workers k"),
-    (
-        "--dataset",
-        "dataset",
-        str,
-        "fashion-mnist, mnist, cifar10, cifar100, synthetic, or your own files: folder "
-        "(--data-dir DIR with train/<class>/ and test/<class>/ images) or tensors (--data-dir "
-        "holding train.pt and test.pt, or .npz)",
-    ),
-    ("--data-dir", "data_dir", str, "directory holding the dataset's files"),
-    ("--train-size", "train_size", int, "use only the first N training examples"),
-    ("--test-size", "test_size", int, "use only the first N test examples"),
-    ("--model", "model", str, "resnet20/32/44/56 (resnetN), wrn-16-4 (wrn-D-W), cnn, mlp, linear"),
-    ("--epochs", "epochs", float, "epochs of training data to consume"),
-    ("--batch-size", "batch_size", int, "batch size per worker"),
-    ("--lr", "lr", float, "learning rate (after warm-up, before decay)"),
-    ("--momentum", "momentum", float, "momentum, for the algorithms that have one"),
-    ("--weight-decay", "weight_decay", float, "weight decay, added to each gradient"),
-    (
-        "--lr-decay-epochs",
-        "lr_decay_epochs",
-        _floats,
-        "epochs where lr is multiplied by --lr-decay-factor, e.g. 80,120",
-    ),
-    ("--lr-decay-factor", "lr_decay_factor", float, "learning-rate decay factor"),
-    ("--warmup-epochs", "warmup_epochs", float, "linear warm-up from lr/k to lr over these epochs"),
-    (
-        "--lr-scaling",
-        "lr_scaling",
-        str,
-        "none, or linear: the peak rate is lr*k, warmed up from lr (Goyal et al. 2017)",
-    ),
-    ("--timing", "timing", str, "timing model: constant, gamma, heterogeneous or trace"),
-    (
-        "--max-staleness",
-        "max_staleness",
-        int,
-        "bounded staleness: workers wait so that no push is more than this many updates stale",
-    ),
-    ("--seed", "seed", int, "random seed (data order, init, timing)"),
-    ("--eval-every", "eval_every", float, "evaluate every this many epochs"),
-    (
-        "--checkpoint-every",
-        "checkpoint_every",
-        float,
-        "checkpoint every this many epochs (0: never)",
-    ),
-    ("--dtype", "dtype", str, "float32 or float64"),
-    ("--backend", "backend", str, "sim (the simulator) or ray (real workers on Ray)"),
-    ("--address", "address", str, "with --backend ray: the address of a running Ray cluster"),
-    ("--servers", "servers", int, "with --backend ray: parameter-server shards"),
-    (
-        "--time-scale",
-        "time_scale",
-        float,
-        "with --backend ray: emulate the --timing model, padding each step to its "
-        "duration times this many seconds (0.001: the model's numbers are ms; 0: no delay)",
-    ),
-]
-
-TIMING_OPTIONS = [
-    ("--timing-shape", "shape", float, "gamma: shape (default 100)"),
-    ("--timing-scale", "scale", float, "gamma: scale (default 1.28)"),
-    ("--timing-mean", "mean", float, "heterogeneous: mean step time (default 128)"),
-    (
-        "--timing-machine-cv",
-        "machine_cv",
-        float,
-        "heterogeneous: spread of worker speeds (default 0.3)",
-    ),
-    (
-        "--timing-task-cv",
-        "task_cv",
-        float,
-        "heterogeneous: spread of one worker's steps (default 0.1)",
-    ),
-    ("--timing-duration", "duration", float, "constant: step time (default 1)"),
-    ("--timing-trace", "path", str, "trace: CSV file of worker,duration rows"),
-]
-
-
-def add_train_options(parser: argparse.ArgumentParser) -> None:
-    """The options of `dana train` (also accepted by `dana sweep` as fixed settings)."""
-    defaults = _defaults()
-    S = argparse.SUPPRESS
-    for flag, dest, type_, help_ in TRAIN_OPTIONS:
-        parser.add_argument(
-            flag, dest=dest, type=type_, default=S, help=f"{help_} (default: {defaults[dest]})"
-        )
-    parser.add_argument(
-        "--augment",
-        dest="augment",
-        action="store_true",
-        default=S,
-        help="augment training images (default: on for CIFAR)",
-    )
-    parser.add_argument(
-        "--no-augment",
-        dest="augment",
-        action="store_false",
-        default=S,
-        help="do not augment training images",
-    )
-    parser.add_argument(
-        "--tensorboard",
-        dest="tensorboard",
-        action="store_true",
-        default=S,
-        help="also write TensorBoard logs to OUT/tensorboard (default: off)",
-    )
-    parser.add_argument(
-        "--mlflow",
-        dest="mlflow",
-        default=S,
-        metavar="DIR_OR_URI",
-        help="also track the run in MLflow: a directory (its local file store) or a "
-        "tracking URI; needs mlflow-skinny (default: off)",
-    )
-    parser.add_argument(
-        "--mlflow-experiment",
-        dest="mlflow_experiment",
-        default=S,
-        metavar="NAME",
-        help="with --mlflow: the experiment (default: dana)",
-    )
-    group = parser.add_argument_group("timing model parameters")
-    for flag, key, type_, help_ in TIMING_OPTIONS:
-        group.add_argument(flag, dest=f"timing.{key}", type=type_, default=S, help=help_)
-    algo = parser.add_argument_group("algorithm hyper-parameters")
-    algo.add_argument(
-        "--lc",
-        dest="algo.lc",
-        type=float,
-        default=S,
-        help="dc-asgd / dana-dc: delay-compensation coefficient (defaults 0.04 / 2)",
-    )
-    algo.add_argument(
-        "--algo-param",
-        dest="algo_param",
-        type=_key_value,
-        action="append",
-        default=S,
-        metavar="KEY=VALUE",
-        help="any other hyper-parameter of the algorithm, e.g. nesterov=true (repeatable)",
-    )
-    parser.add_argument(
-        "--config",
-        dest="config_file",
-        default=S,
-        metavar="FILE",
-        help="YAML or JSON file of options; options given on the command line override it (a run's config.json reruns it)",
-    )
-
-
-def collect_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The TrainConfig values given: from --config, overridden by the command line."""
-    from dana.train.config import TrainConfig
-
-    given = vars(args)
-    values: dict[str, Any] = {}
-    if "config_file" in given:
-        values.update(TrainConfig.from_file(given["config_file"]))
-    timing = dict(values.get("timing_params") or {})
-    algo = dict(values.get("algorithm_params") or {})
-    for key, value in given.items():
-        if key.startswith("timing."):
-            timing[key[7:]] = value
-        elif key.startswith("algo."):
-            algo[key[5:]] = value
-        elif key == "algo_param":
-            algo.update(dict(value))
-        elif key in {f.name for f in dataclasses.fields(TrainConfig)}:
-            values[key] = value
-    if timing:
-        values["timing_params"] = timing
-    if algo:
-        values["algorithm_params"] = algo
-    return values
+__all__ = ["build_parser", "collect_options", "main"]
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from dana import __version__
     from dana.train.config import TrainConfig
     from dana.train.progress import format_table
     from dana.train.rundir import RunDir
     from dana.train.runner import train
+    from dana.version import __version__
 
     if args.resume:
         run = RunDir(args.resume)

@@ -3,7 +3,14 @@
 A :class:`DanaError` is a problem with the user's input (a bad option, a missing or
 corrupt file, an invalid config). The command line prints its message, without a
 traceback, and exits with status 2.
+
+Exit status of the ``dana`` command: 0 success; 2 bad input; 3 the training diverged
+(a result); 4 a fault the run could not survive (:class:`FaultError`); 1 an unexpected
+internal error; 130 interrupted.
 """
+
+EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_FAULT = 4  # a fault the run could not survive (a lost server shard): --resume
 
 
 class DanaError(Exception):

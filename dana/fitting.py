@@ -4,7 +4,7 @@
 training data and optional test data (each a pair of tensors ``(x, y)`` or any
 ``torch.utils.data.Dataset`` of ``(x, y)`` items), a loss, and ``backend="sim"`` (the
 exact simulator, :mod:`dana.sim`) or ``backend="ray"`` (real workers and parameter-server
-shards on Ray, :mod:`dana.dist`). Both run the loop of ``dana train``: evaluations every
+shards on Ray, :mod:`dana.ps`). Both run the loop of ``dana train``: evaluations every
 ``eval_every`` epochs, the same ``metrics.csv`` rows and ``summary.json`` figures, and
 both return the same :class:`FitResult`.
 
@@ -41,10 +41,10 @@ from torch.utils.data import default_collate
 
 from dana.data import Dataset
 from dana.errors import ConfigError, DanaError
-from dana.sim.simulator import PushLog
 from dana.train.config import TrainConfig
 from dana.train.flat import FlatModel, LossFn
 from dana.train.progress import Progress
+from dana.train.pushlog import PushLog
 from dana.train.rundir import RunDir
 
 ModelOrFactory = nn.Module | Callable[[], nn.Module]
@@ -327,17 +327,17 @@ def fit(
 
 
 def _run(config: TrainConfig, problem: UserProblem, run: RunDir, progress: bool) -> FitResult:
-    from dana import __version__
+    from dana.version import __version__
 
     if config.backend == "ray":
-        from dana.dist.cluster import import_ray
+        from dana.ps.cluster import import_ray
 
         import_ray()
-        from dana.dist.launcher import RayRun
+        from dana.ps.launcher import RayRun
 
         runner: Any = RayRun(config, run, problem)
     else:
-        from dana.train.runner import SimRun
+        from dana.sim.runner import SimRun
 
         runner = SimRun(config, run, problem)
     run.path.mkdir(parents=True, exist_ok=True)

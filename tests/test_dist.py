@@ -1,4 +1,4 @@
-"""The Ray runtime (dana.dist): protocol units without Ray, then real runs on a local Ray.
+"""The Ray runtime (dana.ps): protocol units without Ray, then real runs on a local Ray.
 
 The unit tests drive a :class:`ShardServer` and a :class:`LogMerger` directly. The tests
 marked ``ray`` start one local Ray for the module (and, for the driver-crash test, two
@@ -26,15 +26,15 @@ import pytest
 import torch
 
 from dana import algorithms
-from dana.dist.layout import Layout, shard_bounds
-from dana.dist.log import LogMerger, ShardLog
-from dana.dist.server import APPLIED, DUPLICATE, PARAMS, STOP, WAIT, ShardServer
 from dana.errors import ConfigError
-from dana.sim.timing import read_trace
+from dana.ps.layout import Layout, shard_bounds
+from dana.ps.log import LogMerger, ShardLog
+from dana.ps.server import APPLIED, DUPLICATE, PARAMS, STOP, WAIT, ShardServer
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
 from dana.train.progress import Progress
 from dana.train.rundir import METRICS_COLUMNS, RunDir
+from dana.train.timing import read_trace
 
 try:
     import ray
@@ -209,7 +209,7 @@ def test_bounded_staleness_gates_at_the_server():
 def test_gate_docstring_example():
     import doctest
 
-    from dana.dist import gate
+    from dana.train import gate
 
     result = doctest.testmod(gate)
     assert result.failed == 0 and result.attempted > 0
@@ -262,7 +262,7 @@ def run_on_ray(config: TrainConfig, out: Path, progress: Callable[[Any], Progres
 
     ``progress(runner)`` makes the progress reporter (default: a silent one).
     """
-    from dana.dist.launcher import RayRun
+    from dana.ps.launcher import RayRun
 
     run = RunDir(out)
     run.path.mkdir(parents=True)

@@ -1,6 +1,6 @@
 """Faults on a real local Ray: killed workers and shards, a lost node, where Ray listens.
 
-One local Ray for the module, started by dana itself (:func:`dana.dist.cluster.ray_session`:
+One local Ray for the module, started by dana itself (:func:`dana.ps.cluster.ray_session`:
 bound to 127.0.0.1, no dashboard) with the machine's 2 CPUs, so that the runs' 5 or 7
 actors are placed with fractional CPUs. Every run checks, per shard and per worker, that
 every push was applied exactly once on every shard: the pushes applied equal the last
@@ -27,10 +27,10 @@ import numpy as np
 import pytest
 from test_dist import run_on_ray, tiny
 
-from dana.dist.log import LogMerger, ShardLog
-from dana.dist.recovery import RelayLog, recovery_state
-from dana.dist.server import ShardServer
 from dana.errors import DanaError, FaultError
+from dana.ps.log import LogMerger, ShardLog
+from dana.ps.recovery import RelayLog, recovery_state
+from dana.ps.server import ShardServer
 from dana.train.progress import Progress
 
 try:
@@ -87,7 +87,7 @@ def test_a_rebuilt_shard_is_the_lost_one():
 
     lost, twin = shard(1), shard(1)
     head = shard(0, peers=["shard1"])
-    head.peer_names = []  # (no Ray: the handles are set by hand)
+    head.relay.names = []  # (no Ray: the handles are set by hand)
     head.begin(0.0)
 
     class Both:  # shard 0 relays to the shard that will be lost and to its twin
@@ -98,7 +98,7 @@ def test_a_rebuilt_shard_is_the_lost_one():
 
             return type("M", (), {"remote": staticmethod(call)})
 
-    head.peers = [Both()]
+    head.relay.peers = [Both()]
     rng = np.random.default_rng(0)
 
     def steps(seqs: range) -> None:
@@ -114,9 +114,9 @@ def test_a_rebuilt_shard_is_the_lost_one():
     head.trim(1, saved["calls"])
     steps(range(6, 11))  # applied by the shard about to be lost, and logged
     rebuilt = shard(1, recovered=saved)
-    head.peers = [Direct(twin)]
+    head.relay.peers = [Direct(twin)]
     assert head.rebind(1, Direct(rebuilt), saved["calls"]) == 2 * 5 * 2  # pushes, pulls
-    head.peers = [Both()]
+    head.relay.peers = [Both()]
     lost = rebuilt  # from now on shard 0 relays to the rebuilt one (and the twin)
     steps(range(11, 16))
     head.stop()
@@ -147,11 +147,11 @@ def test_the_log_merger_drops_what_a_rebuilt_shard_reports_again():
 def test_cpus_per_actor():
     import doctest
 
-    from dana.dist import cluster
+    from dana.ps import cluster
 
     result = doctest.testmod(cluster)
     assert result.failed == 0 and result.attempted > 0
-    from dana.dist.cluster import cpus_per_actor
+    from dana.ps.cluster import cpus_per_actor
 
     assert cpus_per_actor([3.0, 1.0], 5) == 0.5
     with pytest.raises(DanaError, match="no CPUs"):
@@ -164,7 +164,7 @@ def test_cpus_per_actor():
 @pytest.fixture(scope="module")
 def dana_ray():
     """The local Ray ``dana train`` starts for itself (loopback only, no dashboard)."""
-    from dana.dist.cluster import ray_session
+    from dana.ps.cluster import ray_session
 
     with ray_session(None, actors=2):
         yield
@@ -267,7 +267,7 @@ def test_faults_at_random_moments(dana_ray, tmp_path):
 @pytest.mark.ray
 @needs_ray
 def test_losing_shard_0_is_a_fault_and_the_run_resumes_exactly(dana_ray, tmp_path):
-    from dana.dist.launcher import RayRun
+    from dana.ps.launcher import RayRun
     from dana.train.problem import Problem
     from dana.train.rundir import RunDir
 
@@ -304,7 +304,7 @@ def test_a_local_run_listens_on_loopback_only(dana_ray, tmp_path):
 
 
 def test_token_mode_without_a_token_is_a_clear_error(monkeypatch, tmp_path):
-    from dana.dist.auth import check_token
+    from dana.ps.auth import check_token
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("RAY_AUTH_MODE", "token")

@@ -25,11 +25,12 @@ import torch
 from torch import Tensor
 
 from dana.algorithms.base import Algorithm, MasterRule
+from dana.algorithms.functional import momentum_step, nesterov_pull
 
 
 class AsgdMaster(MasterRule):
-    def __init__(self, params: Tensor, workers: int):
-        super().__init__(params, workers)
+    """ASGD's master (Recht et al. 2011; Dean et al. 2012): ``theta -= lr*g`` per push,
+    pulls send ``theta``."""
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         self.theta.add_(message, alpha=-lr)
@@ -48,6 +49,11 @@ class Asgd(Algorithm):
 
 
 class NagAsgdMaster(MasterRule):
+    """NAG-ASGD's master: one shared momentum, ``v = m*v + g; theta -= lr*v``
+    (:func:`~dana.algorithms.functional.momentum_step`); a pull sends the Nesterov
+    look-ahead ``theta - lr*m*v`` (:func:`~dana.algorithms.functional.nesterov_pull`;
+    Sutskever et al. 2013)."""
+
     state_keys = ("theta", "v")
 
     def __init__(self, params: Tensor, workers: int, momentum: float):
@@ -56,11 +62,10 @@ class NagAsgdMaster(MasterRule):
         self.v = torch.zeros_like(self.theta)
 
     def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
-        return torch.add(self.theta, self.v, alpha=-lr * self.momentum, out=out)
+        return nesterov_pull(self.theta, self.v, lr, self.momentum, out)
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
-        self.v.mul_(self.momentum).add_(message)
-        self.theta.add_(self.v, alpha=-lr)
+        momentum_step(self.theta, self.v, message, self.momentum, lr)
         return True
 
 
@@ -76,6 +81,9 @@ class NagAsgd(Algorithm):
 
 
 class MultiAsgdMaster(MasterRule):
+    """Multi-ASGD's master: one momentum per worker, ``v_i = m*v_i + g; theta -= lr*v_i``
+    (:func:`~dana.algorithms.functional.momentum_step`); pulls send ``theta``."""
+
     state_keys = ("theta", "v")
 
     def __init__(self, params: Tensor, workers: int, momentum: float):
@@ -84,9 +92,7 @@ class MultiAsgdMaster(MasterRule):
         self.v = self.per_worker_zeros()
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
-        v = self.v[worker]
-        v.mul_(self.momentum).add_(message)
-        self.theta.add_(v, alpha=-lr)
+        momentum_step(self.theta, self.v[worker], message, self.momentum, lr)
         return True
 
 

@@ -234,12 +234,18 @@ class Algorithm:
         return dict(vars(self))
 
     def master(self, params: Tensor, workers: int) -> MasterRule:
-        return self.master_rule(params, workers, **self.hparams())
+        return self.master_rule(params, workers, **self._master_hparams())
+
+    def _master_hparams(self) -> dict[str, Any]:
+        """The hyper-parameters the master rule takes (all of them, unless a rule's
+        master needs fewer: no rule takes one it does not use)."""
+        return self.hparams()
 
     def worker(self, workers: int, d: int, dtype: torch.dtype = torch.float32) -> WorkerRule:
         return self.worker_rule(workers, d, dtype, **self._worker_hparams())
 
     def _worker_hparams(self) -> dict[str, Any]:
+        """The hyper-parameters the worker rule takes (the default rule: none)."""
         return {}
 
     def __repr__(self) -> str:

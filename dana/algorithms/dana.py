@@ -45,10 +45,16 @@ from dana.algorithms.base import (
     check_nonnegative,
     per_worker_zeros,
 )
+from dana.algorithms.functional import delay_compensate, nesterov_pull
 from dana.algorithms.gap_aware import GapPenalty
 
 
 class DanaZeroMaster(MasterRule):
+    """DANA-Zero's master (Hakimi et al., arXiv 1907.11612): a momentum per
+    worker, ``v_i = m*v_i + g; theta -= lr*v_i``, and their sum ``S`` kept current in
+    O(d); a pull sends the estimate of the future position ``theta - lr*m*S``
+    (:func:`~dana.algorithms.functional.nesterov_pull` of ``S``)."""
+
     state_keys = ("theta", "v", "S")
 
     def __init__(self, params: Tensor, workers: int, momentum: float):
@@ -58,7 +64,7 @@ class DanaZeroMaster(MasterRule):
         self.S = torch.zeros_like(self.theta)
 
     def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
-        return torch.add(self.theta, self.S, alpha=-lr * self.momentum, out=out)
+        return nesterov_pull(self.theta, self.S, lr, self.momentum, out)
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         m = self.momentum
@@ -87,10 +93,9 @@ class DanaZero(Algorithm):
 
 
 class DanaSlimMaster(MasterRule):
-    """The master holds the look-ahead ``Theta`` and does ASGD's work."""
-
-    def __init__(self, params: Tensor, workers: int, momentum: float):
-        super().__init__(params, workers)
+    """DANA-Slim's master (Hakimi et al., arXiv 1907.11612): it holds the
+    look-ahead ``Theta = theta - lr*m*S`` and does ASGD's work, ``Theta -= lr*u``; pulls
+    send ``Theta``. It takes no momentum: the workers keep theirs."""
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         self.theta.add_(message, alpha=-lr)
@@ -98,7 +103,8 @@ class DanaSlimMaster(MasterRule):
 
 
 class DanaSlimWorkers(WorkerRule):
-    """Each worker keeps its momentum ``v_i`` and sends ``g + m*v_i`` after updating it.
+    """DANA-Slim's workers (arXiv 1907.11612): each keeps its momentum
+    ``v_i`` and sends ``u = g + m*v_i`` after ``v_i = m*v_i + g``.
 
     When it holds several workers (the simulator), it also keeps ``S = sum_i v_i``
     current so that the master's true ``theta = Theta + lr*m*S`` can be measured.
@@ -151,11 +157,18 @@ class DanaSlim(Algorithm):
     def __init__(self, momentum: float = 0.9):
         super().__init__(momentum)
 
+    def _master_hparams(self) -> dict:
+        return {}
+
     def _worker_hparams(self) -> dict:
         return {"momentum": self.momentum}
 
 
 class DanaDcMaster(RemembersPulls, DanaZeroMaster):
+    """DANA-DC: DANA-Zero's master, each gradient first delay-compensated against the
+    parameters the worker pulled, ``g + lc*g*g*(theta - p_i)``
+    (:func:`~dana.algorithms.functional.delay_compensate`; Zheng et al., ICML 2017)."""
+
     state_keys = ("theta", "v", "S", "sent")
 
     def __init__(self, params: Tensor, workers: int, momentum: float, lc: float):
@@ -167,13 +180,6 @@ class DanaDcMaster(RemembersPulls, DanaZeroMaster):
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         compensated = delay_compensate(message, self.theta, self.sent[worker], self.lc, self._g)
         return super().push(worker, compensated, lr)
-
-
-def delay_compensate(g: Tensor, theta: Tensor, sent: Tensor, lc: Tensor | float, out: Tensor):
-    """``out = g + lc * g * g * (theta - sent)`` (DC-ASGD's diagonal Hessian estimate)."""
-    torch.sub(theta, sent, out=out)
-    out.mul_(g).mul_(g).mul_(lc)
-    return out.add_(g)
 
 
 class DanaDc(Algorithm):
@@ -189,6 +195,10 @@ class DanaDc(Algorithm):
 
 
 class DanaGaMaster(RemembersPulls, DanaZeroMaster, GapPenalty):
+    """DANA-GA: DANA-Zero's master, each gradient first divided by its normalised gap
+    (:class:`~dana.algorithms.gap_aware.GapPenalty`; Barkai et al., ICLR 2020); the
+    penalty's scale follows the pushing worker's momentum ``v_i``."""
+
     state_keys = ("theta", "v", "S", "sent", "ema", "ema_steps", "lr_max")
 
     def __init__(self, params: Tensor, workers: int, momentum: float, ema_decay: float, eps: float):

@@ -52,7 +52,9 @@ PERSISTENCE_DECAY = 0.99
 
 
 class DanaEasgdMaster(MasterRule):
-    """The center, the workers' positions as the exchanges reveal them, the estimate."""
+    """DANA-EASGD's master: the center, the workers' positions as their exchanges reveal
+    them, and the pull's estimate of the center when the exchange lands (module
+    docstring; docs/ALGORITHMS.md, "dana-easgd")."""
 
     state_keys = (
         "theta",
@@ -131,3 +133,6 @@ class DanaEasgd(Eamsgd):
     summary = "EAMSGD exchanging against the center's predicted position at landing"
     master_rule = DanaEasgdMaster
     elementwise = False  # rho: one persistence, from dot products over the whole vector
+
+    def _elastic_master_hparams(self, alpha: float) -> dict[str, float]:
+        return {"alpha": alpha}

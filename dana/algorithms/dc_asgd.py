@@ -34,10 +34,16 @@ from dana.algorithms.base import (
     check_nonnegative,
     check_positive,
 )
-from dana.algorithms.dana import delay_compensate
+from dana.algorithms.functional import delay_compensate, momentum_step
 
 
 class DcAsgdMaster(RemembersPulls, MasterRule):
+    """DC-ASGD's master (Zheng et al., ICML 2017): remembers each worker's ``p_i``,
+    compensates ``g~ = g + lc*g*g*(theta - p_i)``
+    (:func:`~dana.algorithms.functional.delay_compensate`; ``adaptive``: ``lc`` divided
+    by ``sqrt(ms + eps)``, ``ms`` the moving average of ``g*g``), then
+    ``v = m*v + g~; theta -= lr*v`` (:func:`~dana.algorithms.functional.momentum_step`)."""
+
     state_keys = ("theta", "v", "sent", "ms")
 
     def __init__(
@@ -64,11 +70,7 @@ class DcAsgdMaster(RemembersPulls, MasterRule):
             self.ms.mul_(self.ms_decay).addcmul_(message, message, value=1.0 - self.ms_decay)
             lc = torch.add(self.ms, self.eps, out=self._lc).rsqrt_().mul_(self.lc)
         g = delay_compensate(message, self.theta, self.sent[worker], lc, self._g)
-        if self.v is None:
-            self.theta.add_(g, alpha=-lr)
-        else:
-            self.v.mul_(self.momentum).add_(g)
-            self.theta.add_(self.v, alpha=-lr)
+        momentum_step(self.theta, self.v, g, self.momentum, lr)
         return True
 
 

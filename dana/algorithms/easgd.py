@@ -65,11 +65,8 @@ from dana.algorithms.base import (
 
 
 class ElasticMaster(MasterRule):
-    """The center: ``c <- c + e`` for every elastic difference ``e`` pushed."""
-
-    def __init__(self, params: Tensor, workers: int, alpha: float):
-        super().__init__(params, workers)
-        self.alpha = alpha
+    """EASGD's center (Zhang et al., NIPS 2015, Algorithms 1 and 2): ``c <- c + e`` for
+    every elastic difference ``e`` pushed; pulls send ``c``."""
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         self.theta.add_(message)
@@ -77,7 +74,9 @@ class ElasticMaster(MasterRule):
 
 
 class ElasticWorkers(WorkerRule):
-    """Workers with their own parameters (look-ahead form with momentum), local steps."""
+    """EASGD's and EAMSGD's workers (Zhang et al., NIPS 2015): parameters of their own
+    (the look-ahead ``x_i + m*v_i`` with momentum), local steps, and every ``tau``
+    steps the elastic difference ``e = alpha*(x_i - c~)`` as the message."""
 
     state_keys = ("x", "v", "t")
     local_steps = True
@@ -180,7 +179,13 @@ class ElasticAlgorithm(Algorithm):
             raise ValueError(
                 f"{self.name} was built for workers={self.workers}, not {workers} (alpha = beta/k)"
             )
-        return self.master_rule(params, workers, alpha=self.elastic_alpha(workers))
+        alpha = self.elastic_alpha(workers)  # (validated here, whoever takes it)
+        return self.master_rule(params, workers, **self._elastic_master_hparams(alpha))
+
+    def _elastic_master_hparams(self, alpha: float) -> dict[str, float]:
+        """What the master rule takes: EASGD's center takes nothing (``alpha`` is the
+        workers'); :mod:`dana.algorithms.dana_easgd`'s takes ``alpha``."""
+        return {}
 
     def worker(self, workers: int, d: int, dtype: torch.dtype = torch.float32) -> WorkerRule:
         check_workers(workers)  # before beta / workers

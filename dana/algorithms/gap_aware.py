@@ -40,6 +40,7 @@ from dana.algorithms.base import (
     check_momentum,
     check_positive,
 )
+from dana.algorithms.functional import gap_penalty
 
 
 class GapPenalty:
@@ -75,8 +76,7 @@ class GapPenalty:
         C = self._penalty
         torch.div(self.ema, bias, out=C).sqrt_().add_(self.eps).mul_(self.lr_max)
         q = self.peek(worker, lr, self._scaled)
-        G = q.sub_(self.sent[worker]).abs_().div_(C).add_(1.0)
-        return torch.div(g, G, out=self._scaled)
+        return gap_penalty(g, q, self.sent[worker], C, out=self._scaled)
 
     def observe(self, direction: Tensor) -> None:
         """Fold this step's direction into the moving average of its square."""
@@ -85,6 +85,10 @@ class GapPenalty:
 
 
 class GapAwareMaster(RemembersPulls, NagAsgdMaster, GapPenalty):
+    """Gap-Aware's master (Barkai et al., ICLR 2020): NAG-ASGD's, each gradient first
+    divided by ``1 + |q_i - p_i| / C`` (:func:`~dana.algorithms.functional.gap_penalty`);
+    the scale follows the momentum buffer (the gradient when ``m = 0``)."""
+
     state_keys = ("theta", "v", "sent", "ema", "ema_steps", "lr_max")
 
     def __init__(self, params: Tensor, workers: int, momentum: float, ema_decay: float, eps: float):

@@ -25,9 +25,14 @@ import torch
 from torch import Tensor
 
 from dana.algorithms.base import Algorithm, MasterRule
+from dana.algorithms.functional import momentum_step
 
 
 class SaAsgdMaster(MasterRule):
+    """SA-ASGD's master (Zhang et al., IJCAI 2016): counts updates and each worker's
+    count at its pull; a push of staleness ``s`` takes a momentum step with its gradient
+    scaled by ``1/max(s, 1)`` (:func:`~dana.algorithms.functional.momentum_step`)."""
+
     state_keys = ("theta", "v", "pulled_at", "updates")
 
     def __init__(self, params: Tensor, workers: int, momentum: float):
@@ -47,11 +52,7 @@ class SaAsgdMaster(MasterRule):
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         scale = 1.0 / max(self.staleness(worker), 1)
-        if self.v is None:
-            self.theta.add_(message, alpha=-lr * scale)
-        else:
-            self.v.mul_(self.momentum).add_(message, alpha=scale)
-            self.theta.add_(self.v, alpha=-lr)
+        momentum_step(self.theta, self.v, message, self.momentum, lr, scale)
         self.updates += 1
         return True
 

@@ -22,9 +22,15 @@ import torch
 from torch import Tensor
 
 from dana.algorithms.base import Algorithm, MasterRule
+from dana.algorithms.functional import momentum_step, nesterov_pull
 
 
 class SsgdMaster(MasterRule):
+    """SSGD's master: sums the ``k`` gradients of a round, then one momentum step with
+    their mean, ``v = m*v + mean(g); theta -= lr*v``
+    (:func:`~dana.algorithms.functional.momentum_step`); ``nesterov``: pulls send
+    ``theta - lr*m*v`` (:func:`~dana.algorithms.functional.nesterov_pull`)."""
+
     state_keys = ("theta", "v", "acc", "received")
 
     def __init__(self, params: Tensor, workers: int, momentum: float, nesterov: bool):
@@ -36,7 +42,7 @@ class SsgdMaster(MasterRule):
 
     def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
         if self.nesterov:
-            return torch.add(self.theta, self.v, alpha=-lr * self.momentum, out=out)
+            return nesterov_pull(self.theta, self.v, lr, self.momentum, out)
         return out.copy_(self.theta)
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
@@ -44,8 +50,7 @@ class SsgdMaster(MasterRule):
         self.received += 1
         if self.received < self.workers:
             return False
-        self.v.mul_(self.momentum).add_(self.acc, alpha=1.0 / self.workers)
-        self.theta.add_(self.v, alpha=-lr)
+        momentum_step(self.theta, self.v, self.acc, self.momentum, lr, 1.0 / self.workers)
         self.acc.zero_()
         self.received = 0
         return True

@@ -105,7 +105,10 @@ def single_step(
 
 
 class YellowFinMaster(MasterRule):
-    """Heavy-ball master with YellowFin's tuner; with ``gamma`` set, the closed loop."""
+    """YellowFin's master (Zhang & Mitliagkas, SysML 2019): heavy-ball steps
+    ``delta = mu*delta - alpha*g; theta += delta`` with ``mu`` and ``alpha`` tuned from
+    the gradients; with ``gamma`` set, the closed loop (their Algorithm 5) steers the
+    applied momentum so that the total one meets ``mu``."""
 
     state_keys = (
         "theta",

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from dana.cli import EXIT_ERROR, EXIT_OK, add_train_options, collect_options
+from dana.errors import EXIT_ERROR, EXIT_OK
+from dana.train.options import add_train_options, collect_options
 
 if TYPE_CHECKING:
     from dana.experiments.grid import SweepSpec

@@ -1,6 +1,14 @@
-"""The event-driven simulator and its timing models."""
+"""The event-driven simulator (a runner on the floor, :mod:`dana.train`).
 
-from dana.sim.simulator import PushLog, Simulator
-from dana.sim.timing import TIMING_MODELS, TimingModel, build_timing
+- :mod:`dana.sim.simulator`: :class:`Simulator`, ``k`` workers driven exactly;
+- :mod:`dana.sim.runner`: ``dana train --backend sim``'s run loop (:class:`SimRun`).
+
+The timing models it draws step times from are the floor's (:mod:`dana.train.timing`),
+re-exported here.
+"""
+
+from dana.sim.simulator import Simulator
+from dana.train.pushlog import PushLog
+from dana.train.timing import TIMING_MODELS, TimingModel, build_timing
 
 __all__ = ["TIMING_MODELS", "PushLog", "Simulator", "TimingModel", "build_timing"]

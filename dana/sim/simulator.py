@@ -14,21 +14,9 @@ its pull and this push), the gap ``RMS(theta_now - p_i)`` against the master's t
 parameters (rebuilt from the workers' momenta for ``dana-slim``), the loss, the learning
 rate and the simulated time. The same seed gives the same run, bit for bit on the CPU.
 
-Bounded staleness (``max_staleness=s``, stale synchronous parallel), the rule a runner
-mirrors: no push is applied with a staleness above ``s``. The in-flight workers (pulled,
-not yet pushed; a worker taking local steps stays in flight) are kept in the order of
-their pulls. With ``U`` the master's updates so far and ``p_j`` the updates at worker
-``j``'s pull, the invariant is: the ``r``-th oldest in-flight worker has
-``U - p_j + r - 1 <= s`` (it could still push within ``s`` if the ``r - 1`` older ones
-pushed first). Two gates keep it:
-
-- start: a worker pulls (starts computing) only while fewer than ``s + 1`` workers are
-  in flight; otherwise it waits, idle;
-- push: a finished worker's push is applied only if every older in-flight worker
-  ``j``, of rank ``r``, has room for one more update: ``U - p_j + r <= s``; otherwise
-  the push is held and its worker waits. The oldest in-flight worker is never held, so
-  the run cannot deadlock.
-
+Bounded staleness (``max_staleness=s``, stale synchronous parallel): the simulator drives
+the floor's :class:`~dana.train.gate.StalenessGate` (its start and push gates; the rule
+is in :mod:`dana.train.gate`) with simulated time, counting every push as an update.
 After each applied push, held pushes are retried in the order they were held, then idle
 workers start in the order they began to wait. Waiting takes simulated time: a worker
 held or idle resumes at the time of the push that frees it; ``wait_time`` sums these
@@ -64,51 +52,19 @@ from __future__ import annotations
 
 import heapq
 import math
-from array import array
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from dana.algorithms.base import Algorithm, check_workers, per_worker_zeros
-from dana.sim.timing import TimingModel, build_timing
 from dana.train.batches import BatchStream
+from dana.train.gate import StalenessGate, bounds_staleness
+from dana.train.pushlog import PushLog
 from dana.train.schedule import schedule_epoch
-
-#: ``gradient(params, batch) -> (grad, loss)``; the simulator may modify ``grad`` in place.
-GradientFn = Callable[[Tensor, Any], tuple[Tensor, float]]
-
-
-class PushLog:
-    """Per-push records as compact columns (``numpy()`` gives arrays)."""
-
-    columns = ("worker", "staleness", "gap", "loss", "lr", "sim_time")
-    _types = {"worker": "l", "staleness": "l", "gap": "d", "loss": "d", "lr": "d", "sim_time": "d"}
-
-    def __init__(self) -> None:
-        for name in self.columns:
-            setattr(self, name, array(self._types[name]))
-
-    def append(self, **values: float) -> None:
-        for name in self.columns:
-            getattr(self, name).append(values[name])
-
-    def __len__(self) -> int:
-        return len(self.worker)
-
-    def numpy(self, start: int = 0, stop: int | None = None) -> dict[str, np.ndarray]:
-        return {name: np.asarray(getattr(self, name)[start:stop]) for name in self.columns}
-
-    def state_dict(self) -> dict[str, Tensor]:
-        # np.array copies: a view would pin the array.array's buffer, and the next append
-        # would raise BufferError (and the snapshot would not be one).
-        return {name: torch.from_numpy(np.array(getattr(self, name))) for name in self.columns}
-
-    def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        for name in self.columns:
-            setattr(self, name, array(self._types[name], state[name].tolist()))
+from dana.train.step import GradientFn, WorkerStep
+from dana.train.timing import TimingModel, build_timing
 
 
 class Simulator:
@@ -172,17 +128,16 @@ class Simulator:
                 f"max_staleness must be an integer >= 0 or None, got {max_staleness!r}"
             )
         self.max_staleness = max_staleness
-        self.bounded = max_staleness is not None and not self.synchronous
-        self.inflight: list[int] = []  # bounded: pulled, not yet pushed, oldest pull first
-        # (worker, gradient or message, loss, since, whether it is the message)
+        self.bounded = bounds_staleness(max_staleness, self.synchronous)
+        self.gate = StalenessGate(max_staleness) if self.bounded else None
+        # Held pushes, in the order they were held: (worker, gradient or message, loss,
+        # since, whether it is the message).
         self.held: list[tuple[int, Tensor, float, float, bool]] = []
-        self.idle: list[tuple[int, float]] = []  # (worker, since): waiting to start
-        self.wait_time = 0.0  # simulated time workers spent waiting for the bound
-        self.waits = 0
 
         d = params.numel()
         self.master = algorithm.master(params, self.k)
         self.workers = algorithm.worker(self.k, d, params.dtype)
+        self.worker_step = WorkerStep(self.workers, gradient, weight_decay)
         # the parameters each worker computes at
         self.sent = per_worker_zeros(self.k, d, params.dtype, params.device)
         self._diff = params.new_empty(d)
@@ -195,13 +150,27 @@ class Simulator:
         self.sim_time = 0.0
         self.log = PushLog()
         for i in range(self.k):
-            if self.bounded:
-                self.idle.append((i, 0.0))
+            if self.gate is not None:
+                self.gate.queue(i, 0.0)
                 self._release()
                 continue
             self._pull(i)
             if not self.synchronous:
                 heapq.heappush(self.queue, (self.timing.sample(i), i))
+
+    @property
+    def wait_time(self) -> float:
+        """Simulated time workers spent waiting for the staleness bound (summed)."""
+        return self.gate.wait_time if self.gate is not None else 0.0
+
+    @property
+    def waits(self) -> int:
+        return self.gate.waits if self.gate is not None else 0
+
+    @property
+    def inflight(self) -> list[int]:
+        """Bounded staleness: the workers pulled and not yet pushed, oldest pull first."""
+        return self.gate.inflight if self.gate is not None else []
 
     @property
     def epoch(self) -> float:
@@ -265,16 +234,11 @@ class Simulator:
 
     def _gradient(self, i: int) -> tuple[Tensor, float]:
         """Worker ``i``'s gradient (weight decay included) on its batch, and the loss."""
-        p = self.workers.compute_at(i, self.sent[i])
-        grad, loss = self.gradient(p, self.batch[i])
-        if self.weight_decay:
-            grad.add_(p, alpha=self.weight_decay)
-        return grad, loss
+        return self.worker_step.gradient(i, self.sent[i], self.batch[i])
 
     def _message(self, i: int, grad: Tensor, lr: float) -> Tensor | None:
         """Worker ``i``'s message for ``grad``, made at ``lr`` (``None``: a local step)."""
-        self.workers.set_lr(lr)
-        return self.workers.message(i, grad)
+        return self.worker_step.message(i, grad, lr)
 
     def _push(self, i: int) -> bool:
         """Compute worker ``i``'s gradient and push its message; False for a local step."""
@@ -294,61 +258,46 @@ class Simulator:
         )
         return True
 
-    # -- bounded staleness (see the module docstring) -----------------------------------
+    # -- bounded staleness (the gate: dana.train.gate) -----------------------------------
     def _step_bounded(self) -> None:
         finish, i = heapq.heappop(self.queue)
         self.sim_time = finish
-        if self._may_push(i):
+        if self.gate.allows_push(i, self.updates):
             pushed = self._push(i)
         else:
             held = self._compute(i)
             pushed = held is not None
-            if pushed:
+            if pushed:  # (a local step is never held: its worker stays in flight)
                 tensor, loss, is_message = held
+                self.gate.hold(i, finish)
                 self.held.append((i, tensor, loss, finish, is_message))
                 return
         if not pushed:  # a local step: compute again, without pulling
             self.batch[i] = self.batches.next()
             heapq.heappush(self.queue, (finish + self.timing.sample(i), i))
             return
-        self.inflight.remove(i)
-        self.idle.append((i, finish))
+        self.gate.pushed(i)
+        self.gate.queue(i, finish)
         self._release()
 
-    def _may_push(self, i: int) -> bool:
-        """Whether applying a push of in-flight worker ``i`` now keeps the bound."""
-        for rank, j in enumerate(self.inflight, start=1):
-            if j == i:
-                return True
-            if self.updates - self.pulled_at[j] + rank > self.max_staleness:
-                return False
-        return True
-
     def _release(self) -> None:
-        """Apply the held pushes the bound now allows, then start idle workers."""
+        """Apply the held pushes the bound now allows, in the order they were held, then
+        start the waiting workers."""
         released = True
         while released:
             released = False
-            for n, (i, held, loss, since, is_message) in enumerate(self.held):
-                if self._may_push(i):
+            for n, (i, held, loss, _, is_message) in enumerate(self.held):
+                if self.gate.allows_push(i, self.updates):
                     del self.held[n]
-                    self._waited(since)
+                    self.gate.resume(i, self.sim_time)
                     self._apply(i, held, loss, is_message)
-                    self.inflight.remove(i)
-                    self.idle.append((i, self.sim_time))
+                    self.gate.pushed(i)
+                    self.gate.queue(i, self.sim_time)
                     released = True
                     break
-        while self.idle and len(self.inflight) <= self.max_staleness:
-            i, since = self.idle.pop(0)
-            self._waited(since)
+        for i in self.gate.release(self.updates, self.sim_time):
             self._pull(i)
-            self.inflight.append(i)
             heapq.heappush(self.queue, (self.sim_time + self.timing.sample(i), i))
-
-    def _waited(self, since: float) -> None:
-        if self.sim_time > since:
-            self.wait_time += self.sim_time - since
-            self.waits += 1
 
     def _compute(self, i: int) -> tuple[Tensor, float, bool] | None:
         """Worker ``i``'s computation to hold: a copy of its gradient (or, for a rule that
@@ -409,17 +358,18 @@ class Simulator:
             "log": self.log.state_dict(),
             "wait_time": self.wait_time,
             "waits": self.waits,
-            **(self._bounded_state() if self.bounded else {}),
+            **(self._bounded_state() if self.gate is not None else {}),
         }
 
     def _bounded_state(self) -> dict[str, Any]:
+        gate = self.gate
         return {
-            "inflight": list(self.inflight),
+            "inflight": list(gate.inflight),
             "held": [
                 [i, h.clone(), loss, since, is_message]
                 for i, h, loss, since, is_message in self.held
             ],
-            "idle": [[i, since] for i, since in self.idle],
+            "idle": [[i, since] for i, since in gate.idle],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -441,10 +391,13 @@ class Simulator:
         self.timing.load_state_dict(state["timing"])
         self.batches.load_state_dict(state["batches"])
         self.log.load_state_dict(state["log"])
-        self.wait_time = float(state.get("wait_time", 0.0))
-        self.waits = int(state.get("waits", 0))
-        if self.bounded:
-            self.inflight = [int(i) for i in state["inflight"]]
+        if self.gate is not None:
+            gate = self.gate = StalenessGate(self.max_staleness)
+            gate.wait_time = float(state.get("wait_time", 0.0))
+            gate.waits = int(state.get("waits", 0))
+            gate.inflight = [int(i) for i in state["inflight"]]
+            gate.pulled = {i: self.pulled_at[i] for i in gate.inflight}
+            gate.idle = [(int(i), float(t)) for i, t in state["idle"]]
             # Entries of older checkpoints have no fifth field: they held messages.
             self.held = [
                 (
@@ -456,7 +409,7 @@ class Simulator:
                 )
                 for e in state["held"]
             ]
-            self.idle = [(int(i), float(t)) for i, t in state["idle"]]
+            gate.held = {i: since for i, _, _, since, _ in self.held}
 
 
 def _constant(lr: float) -> Callable[[float], float]:

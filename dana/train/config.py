@@ -18,10 +18,12 @@ from typing import Any
 import yaml
 
 from dana import algorithms
+from dana.algorithms.base import Algorithm
 from dana.errors import ConfigError
-from dana.sim.timing import TIMING_MODELS
+from dana.train.backends import RUNNERS
+from dana.train.timing import TIMING_MODELS
 
-BACKENDS = ("sim", "ray")
+BACKENDS = tuple(RUNNERS)
 LR_SCALINGS = ("none", "linear")
 DTYPES = ("float32", "float64")
 
@@ -184,11 +186,22 @@ class TrainConfig:
                 "element-wise (its state depends on the whole vector), so it cannot be split "
                 "into shards; use --servers 1"
             )
+        self.build_algorithm()
+        return self
+
+    def build_algorithm(self) -> Algorithm:
+        """The run's algorithm, built from ``algorithm`` and :meth:`algorithm_hparams`
+        (once: the object is kept while they stay the same)."""
+        key = (self.algorithm, repr(sorted(self.algorithm_hparams().items())))
+        cached = self.__dict__.get("_built")
+        if cached is not None and cached[0] == key:
+            return cached[1]
         try:
-            algorithms.build(self.algorithm, **self.algorithm_hparams())
+            algorithm = algorithms.build(self.algorithm, **self.algorithm_hparams())
         except (ValueError, TypeError) as e:
             raise ConfigError(f"--algorithm {self.algorithm}: {e}") from None
-        return self
+        self.__dict__["_built"] = (key, algorithm)
+        return algorithm
 
 
 def _integer(name: str, value: Any, low: int) -> None:

@@ -3,7 +3,7 @@
 - ``config.json``: the :class:`~dana.train.config.TrainConfig` and the package version;
   ``dana train --config config.json`` reruns the run.
 - ``metrics.csv``: one row per evaluation (:data:`METRICS_COLUMNS`).
-- ``summary.json``: the final figures (see :func:`summarize`).
+- ``summary.json``: the final figures (see :func:`dana.train.metrics.summarize`).
 - ``curves.png``: test error and mean gap against epochs.
 - ``checkpoint.pt``: the whole state, for ``--resume`` (tensors and plain values only,
   loaded with ``torch.load(weights_only=True)``: no arbitrary unpickling).

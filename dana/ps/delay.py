@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from dana.sim.timing import build_timing
 from dana.train.config import TrainConfig
+from dana.train.timing import build_timing
 
 
 class StepDelay:

@@ -1,7 +1,7 @@
 """Rebuilding a lost server shard while the run goes on: snapshots plus a replay log.
 
 With ``S > 1`` shards, shard 0 relays every call to the others, in one order
-(:mod:`dana.dist.server`). That order is the whole input of shard ``s >= 1``: its state
+(:mod:`dana.ps.server`, :mod:`dana.ps.relay`). That order is the whole input of shard ``s >= 1``: its state
 is a deterministic function of the calls shard 0 relayed to it. So:
 
 - **the log** (:class:`RelayLog`, kept by shard 0): every call shard 0 relays, numbered
@@ -100,9 +100,9 @@ def recovery_state(server: Any) -> dict[str, Any]:
         "offsets": copy(server.offsets),
         "offset_sum": copy(server.offset_sum),
         "pulled_at": list(server.pulled_at),
-        "rejoined": list(server.rejoined),
+        "rejoined": list(server.relay.rejoined),
         "stopped": server.stopped,
-        "points": list(server.points),
+        "points": list(server.snapshots.points),
         "clock_zero": server.clock_zero,
         "time": time.time(),
     }
@@ -119,7 +119,7 @@ def load_recovery(server: Any, saved: dict[str, Any]) -> None:
         server.offsets = torch.from_numpy(np.array(saved["offsets"]))
         server.offset_sum = torch.from_numpy(np.array(saved["offset_sum"]))
     server.pulled_at = [int(u) for u in saved["pulled_at"]]
-    server.rejoined = [bool(j) for j in saved["rejoined"]]
+    server.relay.rejoined = [bool(j) for j in saved["rejoined"]]
     server.stopped = bool(saved["stopped"])
-    server.points = [int(p) for p in saved["points"]]
+    server.snapshots.points = [int(p) for p in saved["points"]]
     server.clock_zero = float(saved["clock_zero"])

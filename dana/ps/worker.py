@@ -6,10 +6,10 @@ always come from the servers) and the algorithm's worker rule for a single worke
 own state, e.g. ``dana-slim``'s momentum ``v_i``). One step, as in the simulator:
 
 1. compute at the pulled parameters (``rule.compute_at``), on the next batch of its own
-   stream, ``g = grad f(p_i) + wd * p_i``;
+   stream, ``g = grad f(p_i) + wd * p_i`` (the floor's :class:`~dana.train.step.WorkerStep`);
 2. ``rule.set_lr(lr)``, ``message = rule.message(0, g)`` (``None``: a local step,
    counted by the servers, no pull); with ``--time-scale``, sleep to the emulated step
-   time (:mod:`dana.dist.delay`). ``lr`` is the learning rate the servers sent with the
+   time (:mod:`dana.ps.delay`). ``lr`` is the learning rate the servers sent with the
    parameters (the simulator's is the one at the push: they differ only by how far the
    schedule moved during one step);
 3. push the message with the next sequence number and pull in the same round trip
@@ -45,14 +45,15 @@ import ray
 import torch
 from torch import Tensor
 
-from dana import algorithms
-from dana.dist.delay import StepDelay
-from dana.dist.layout import Layout
-from dana.dist.link import ServerLink
-from dana.dist.server import APPLIED, DUPLICATE, LOCAL, STOP, WAIT
+from dana.algorithms.base import Algorithm
+from dana.ps.delay import StepDelay
+from dana.ps.layout import Layout
+from dana.ps.link import ServerLink
+from dana.ps.server import APPLIED, DUPLICATE, LOCAL, STOP, WAIT
 from dana.train.batches import BatchStream
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
+from dana.train.step import WorkerStep
 
 #: Seconds before a worker asks again after a "wait" (bounded staleness); each further
 #: "wait" doubles the pause, up to :data:`WAIT_MAX`.
@@ -64,18 +65,28 @@ class Worker:
     """Args: the run's config (a dict), this worker's index, the names of the shard
     servers' actors (in shard order; names, not handles, so that Ray can restart the
     worker from plain arguments) and ``d``; ``spec``: a user's problem
-    (:class:`dana.fitting.UserProblemSpec`), else the problem is built from the config."""
+    (:class:`dana.fitting.UserProblemSpec`), else the problem is built from the config;
+    ``algorithm``: the run's, built once by the driver (``None``: build it from
+    ``config``)."""
 
     def __init__(
-        self, config: dict[str, Any], index: int, servers: list[str], d: int, spec: Any = None
+        self,
+        config: dict[str, Any],
+        index: int,
+        servers: list[str],
+        d: int,
+        spec: Any = None,
+        algorithm: Algorithm | None = None,
     ):
         torch.set_num_threads(1)
         self.config = TrainConfig.from_dict(config)
         self.index = index
         self.problem = Problem(self.config) if spec is None else spec.build(self.config)
-        algorithm = algorithms.build(self.config.algorithm, **self.config.algorithm_hparams())
+        if algorithm is None:
+            algorithm = self.config.build_algorithm()
         dtype = getattr(torch, self.config.dtype)
         self.rule = algorithm.worker(1, d, dtype)
+        self.worker_step = WorkerStep(self.rule, self.problem.gradient, self.config.weight_decay)
         # Several shards: the workers call shard 0 only, which relays (and whose lost
         # peers the driver rebuilds under new names).
         self.link = ServerLink(
@@ -93,7 +104,7 @@ class Worker:
         self.lr = 0.0  # the learning rate the servers gave with the last parameters
 
     def ready(self) -> dict[str, str]:
-        from dana.dist.cluster import node_of
+        from dana.ps.cluster import node_of
 
         return node_of()
 
@@ -140,12 +151,8 @@ class Worker:
     def _step(self, params: Tensor, counts: Counter[str], exchange: bool) -> Tensor | None:
         """One gradient computation and its push; the next parameters (None: stop)."""
         started = time.perf_counter()
-        p = self.rule.compute_at(0, params)
-        grad, loss = self.problem.gradient(p, self.stream.next())
-        if self.config.weight_decay:
-            grad.add_(p, alpha=self.config.weight_decay)
-        self.rule.set_lr(self.lr)
-        message = self.rule.message(0, grad)
+        grad, loss = self.worker_step.gradient(0, params, self.stream.next())
+        message = self.worker_step.message(0, grad, self.lr)
         offset = self.rule.theta_offset(1.0) if self.sends_offset and message is not None else None
         buffers = (
             {k: v.numpy() for k, v in self.problem.flat.buffers_state().items()}

@@ -13,12 +13,12 @@ joins the shards' parts of each push by ``(worker, seq)``:
 - gap: ``sqrt(sum of squares / number of probes)`` over all shards;
 - loss, lr, time, duration: from shard 0, which also fixes the order of the log.
 
-A shard rebuilt after its loss (:mod:`dana.dist.recovery`) reports again the pushes
+A shard rebuilt after its loss (:mod:`dana.ps.recovery`) reports again the pushes
 replayed since its snapshot; entries of a worker with a seq not above the last one taken
 from that shard are dropped.
 
-The merged log is a :class:`dana.sim.simulator.PushLog` (the simulator's, so
-:func:`dana.train.runner.summarize` reads both alike) plus the step durations that
+The merged log is a :class:`dana.train.pushlog.PushLog` (the simulator's, so
+:func:`dana.train.metrics.summarize` reads both alike) plus the step durations that
 become ``step_times.csv``.
 """
 
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dana.sim.simulator import PushLog
+from dana.train.pushlog import ColumnLog, PushLog
 
 _TYPES = {
     "worker": "l",
@@ -49,30 +49,11 @@ _TYPES = {
 }
 
 
-class ShardLog:
-    """The entries a shard has applied since the driver last drained them."""
+class ShardLog(ColumnLog):
+    """The entries a shard has applied since the driver last drained them
+    (:meth:`~dana.train.pushlog.ColumnLog.drain`)."""
 
-    columns = tuple(_TYPES)
-
-    def __init__(self) -> None:
-        self._clear()
-
-    def _clear(self) -> None:
-        for name, code in _TYPES.items():
-            setattr(self, name, array(code))
-
-    def append(self, **values: float) -> None:
-        for name in self.columns:
-            getattr(self, name).append(values[name])
-
-    def __len__(self) -> int:
-        return len(self.worker)
-
-    def drain(self) -> dict[str, np.ndarray]:
-        """The entries as numpy columns; the log is empty afterwards."""
-        out = {name: np.array(getattr(self, name)) for name in self.columns}
-        self._clear()
-        return out
+    types = _TYPES
 
 
 class LogMerger:

@@ -3,7 +3,7 @@
 A pull asks every shard concurrently and joins the replies into one flat vector (with one
 shard, the reply itself, read-only, straight from Ray's object store: no copy). A push
 splits the message into the shards' contiguous slices (numpy views; Ray copies each into
-its object store once) and sends them concurrently. See :mod:`dana.dist.server` for the
+its object store once) and sends them concurrently. See :mod:`dana.ps.server` for the
 calls and their replies.
 
 With ``relay`` (always, when ``S > 1``) every call goes to shard 0 only, which makes it
@@ -28,8 +28,8 @@ import ray
 import torch
 from torch import Tensor
 
-from dana.dist.layout import Layout
-from dana.dist.server import PARAMS, STOP, WAIT
+from dana.ps.layout import Layout
+from dana.ps.server import PARAMS, STOP, WAIT
 
 #: Seconds a worker waits before asking again after a shard was lost (while the driver
 #: rebuilds it).

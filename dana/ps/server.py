@@ -34,23 +34,25 @@ calls' Ray object references, below):
 - ``forget(worker)``: drop the bounded-staleness records of a worker gone for good.
 
 Bounded staleness (``max_staleness`` set, an asynchronous algorithm): shard 0 keeps the
-:class:`~dana.dist.gate.StalenessGate`. A pull the start gate refuses is answered
+:class:`~dana.train.gate.StalenessGate` (on its clock). A pull the start gate refuses is answered
 ``status == "wait"`` (no parameters); a push the push gate holds is answered ``"wait"``
 and not applied, its sequence number not taken: the worker sends it again (the same
 ``seq``) a moment later. ``exchange`` whose push is applied but whose pull must wait
 answers with the push's status and no parameters; the worker then pulls.
 
-Several shards (``S > 1``): shard 0 relays. The workers call only shard 0
-(``relay_pull``, ``relay_push``, ``relay_exchange``, which carry the other shards'
-slices of the message), and shard 0, once it has applied a push or served a pull, makes
-the same call on every other shard itself, sending each its slice from shard 0's own
-copy. Ray runs the calls of one caller on an actor in the order they were made, so
-every shard applies the same pushes and serves the same pulls in the same order: its
-counts, and so its staleness, are shard 0's; and a push is applied on all shards or on
-none, also when its worker dies during the call (a worker that rejoins numbers on from
-shard 0's last seq, which is every shard's). ``relay_pull`` and ``relay_exchange`` add
-to their reply the references of the other shards' replies, which the worker fetches
-directly (pulled parameters do not pass through shard 0).
+Several shards (``S > 1``): shard 0 relays (:mod:`dana.ps.relay`). The workers call
+only shard 0 (``relay_pull``, ``relay_push``, ``relay_exchange``, which carry the other
+shards' slices of the message), and shard 0, once it has applied a push or served a
+pull, makes the same call on every other shard itself, sending each its slice from
+shard 0's own copy. Ray runs the calls of one caller on an actor in the order they were
+made, so every shard applies the same pushes and serves the same pulls in the same
+order: its counts, and so its staleness, are shard 0's; and a push is applied on all
+shards or on none, also when its worker dies during the call (a worker that rejoins
+numbers on from shard 0's last seq, which is every shard's). ``relay_pull`` and
+``relay_exchange`` add to their reply the references of the other shards' replies,
+which the worker fetches directly (pulled parameters do not pass through shard 0).
+Shard 0 logs the calls it relays, so that the driver can rebuild a lost shard
+``s >= 1`` (:mod:`dana.ps.recovery`; ``trim``, ``rebind``, ``relay_counters``).
 
 Counters: ``steps`` (gradient computations, local ones included: the simulator's
 ``steps``; epochs are ``steps / batches_per_epoch``), ``pushes`` (messages applied) and
@@ -72,13 +74,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dana import algorithms
-from dana.algorithms.base import MasterRule
-from dana.dist.gate import StalenessGate
-from dana.dist.layout import Layout
-from dana.dist.log import ShardLog
-from dana.dist.recovery import SNAPSHOT_SECONDS, RelayLog, load_recovery, recovery_state
+from dana.algorithms.base import Algorithm, MasterRule
+from dana.ps.layout import Layout
+from dana.ps.log import ShardLog
+from dana.ps.recovery import SNAPSHOT_SECONDS, load_recovery, recovery_state
+from dana.ps.relay import Relay
+from dana.ps.snapshots import Snapshots
 from dana.train.config import TrainConfig
+from dana.train.gate import StalenessGate, bounds_staleness
 from dana.train.runner import build_schedule
 from dana.train.schedule import schedule_epoch
 
@@ -104,10 +107,13 @@ class ShardServer:
             for a checkpoint.
         state: a checkpointed :meth:`state` to continue from.
         peers: shard 0 of a sharded run: the names of the other shards' actors, to which
-            it relays every call (resolved by :meth:`begin`), keeping the calls in a
-            :class:`~dana.dist.recovery.RelayLog` to rebuild a lost one.
+            it relays every call (resolved by :meth:`begin`; :class:`~dana.ps.relay.Relay`,
+            which keeps the calls in a :class:`~dana.ps.recovery.RelayLog` to rebuild a
+            lost one).
         recovered: a shard ``s >= 1`` rebuilt after its loss: its latest
-            :func:`~dana.dist.recovery.recovery_state`.
+            :func:`~dana.ps.recovery.recovery_state`.
+        algorithm: the run's algorithm, built once by the driver (``None``: build it
+            from ``config``).
     """
 
     def __init__(
@@ -124,20 +130,19 @@ class ShardServer:
         state: dict[str, Any] | None = None,
         peers: list[str] | None = None,
         recovered: dict[str, Any] | None = None,
+        algorithm: Algorithm | None = None,
     ):
         torch.set_num_threads(1)
         cfg = TrainConfig.from_dict(config)
-        algorithm = algorithms.build(cfg.algorithm, **cfg.algorithm_hparams())
+        if algorithm is None:
+            algorithm = cfg.build_algorithm()
         self.shard, self.k = shard, cfg.workers
         self.synchronous = algorithm.synchronous
-        bounded = cfg.max_staleness is not None and not self.synchronous  # ssgd: rounds
+        bounded = bounds_staleness(cfg.max_staleness, self.synchronous)
         self.gate = StalenessGate(cfg.max_staleness) if bounded and shard == 0 else None
-        self.peer_names = list(peers or [])
-        self.peers: list[Any] = []  # their actor handles, once begin() has run
-        self.relay_log = RelayLog(len(self.peer_names)) if self.peer_names else None
+        self.relay = Relay(peers or [], self.k)
         self.calls = 0  # pulls, pushes and stops run (on s >= 1: the relayed calls)
         self.snapshot_at = -math.inf  # when the last recovery snapshot was taken
-        self.rejoined = [False] * self.k  # relay: a join to pass on with the next pull
         self.master = algorithm.master(torch.from_numpy(params), self.k)  # (a copy)
         self._plain_pull = type(self.master).pull is MasterRule.pull  # pull == copy theta
         self._out = None if self._plain_pull else torch.empty_like(self.master.theta)
@@ -165,14 +170,9 @@ class ShardServer:
         self.waits_before, self.wait_before = 0, 0.0  # before a resume (the gate: since)
         self.buffers: dict[str, np.ndarray] | None = None
         self.log = ShardLog()
-        self.snapshots: list[dict[str, Any]] = []
         if state is not None:
             self.load_state(state)
-        # A fresh run also snapshots its start (point 0); a resumed one the points after
-        # its checkpoint.
-        self.evals = {p for p in evals if p > self.steps or state is None}
-        self.checkpoints = {p for p in checkpoints if p > self.steps}
-        self.points = sorted(self.evals | self.checkpoints)
+        self.snapshots = Snapshots(evals, checkpoints, self.steps, fresh=state is None)
         if end is not None and self.steps >= end:
             self.stopped = True
         if recovered is not None:
@@ -180,7 +180,7 @@ class ShardServer:
 
     # -- the protocol -------------------------------------------------------------------
     def ready(self) -> dict[str, str]:
-        from dana.dist.cluster import node_of
+        from dana.ps.cluster import node_of
 
         return node_of()
 
@@ -189,10 +189,7 @@ class ShardServer:
         start of training, earlier by the training time before a resume)."""
         self.clock_zero = clock_zero
         self.cycle_start = [time.time()] * self.k
-        if self.peer_names:
-            import ray
-
-            self.peers = [ray.get_actor(name) for name in self.peer_names]
+        self.relay.connect()
         self._after_step(moved=True)  # the snapshot of point 0, if due
 
     def pull(
@@ -201,7 +198,7 @@ class ShardServer:
         self.calls += 1
         if join:
             self.joins[worker] += 1
-            self.rejoined[worker] = True
+            self.relay.joined(worker)
         seen = self.last_seq[worker], self.joins[worker]
         if self.stopped:
             return STOP, None, math.nan, *seen
@@ -288,7 +285,7 @@ class ShardServer:
             return status, None, self.lr()  # held, or applied and the pull must wait
         return status, self._serve(worker, join=False), self.lr()
 
-    # -- relayed calls (shard 0 of a sharded run with bounded staleness) ----------------
+    # -- relayed calls (shard 0 of a sharded run) ------------------------------------------
     def relay_pull(self, worker: int, join: bool = False) -> tuple[Any, ...]:
         """:meth:`pull`, then the same pull on every other shard if it was served: the
         reply and, last, the references of the other shards' replies."""
@@ -340,47 +337,29 @@ class ShardServer:
         pieces: list[Any] | None,
         offsets: list[np.ndarray | None],
     ) -> None:
-        if status not in (APPLIED, LOCAL) or not self.peers:
-            return
-        # Copies: the log keeps them after the worker's arguments are gone.
-        args = [
-            (worker, seq, _copy(None if pieces is None else pieces[s]), math.nan, _copy(offsets[s]))
-            for s in range(len(self.peers))
-        ]
-        self.relay_log.append("push", args)
-        for peer, call in zip(self.peers, args):
-            peer.push.remote(*call)
+        if status in (APPLIED, LOCAL):
+            self.relay.push(worker, seq, pieces, offsets)
 
     def _relay_pull(self, worker: int) -> list[Any]:
-        if not self.peers:
-            return []
-        join, self.rejoined[worker] = self.rejoined[worker], False
-        self.relay_log.append("pull", [(worker, join)] * len(self.peers))
-        return [peer.pull.remote(worker, join) for peer in self.peers]
+        return self.relay.pull(worker)
 
-    # -- recovery of a lost shard s >= 1 (dana.dist.recovery) ---------------------------
+    # -- recovery of a lost shard s >= 1 (dana.ps.recovery) -----------------------------
     def trim(self, shard: int, covered: int) -> None:
         """The driver holds a snapshot of ``shard`` covering the relayed calls up to
         ``covered``: drop the calls no shard needs any more."""
-        self.relay_log.trim(shard, covered)
+        self.relay.trim(shard, covered)
 
     def rebind(self, shard: int, actor: Any, covered: int) -> int:
         """Shard ``shard`` is ``actor`` now, rebuilt from a snapshot covering the calls up
         to ``covered``: send it the calls since, then relay to it. How many were sent."""
-        self.peers[shard - 1] = actor
-        return self.relay_log.replay(actor, shard, covered)
+        return self.relay.rebind(shard, actor, covered)
 
     def relay_counters(self) -> dict[str, int]:
-        log = self.relay_log
-        return {
-            "relayed_calls": log.count,
-            "log_peak_calls": log.peak,
-            "log_peak_bytes": log.peak_bytes,
-        }
+        return self.relay.counters()
 
     # -- the driver's calls ---------------------------------------------------------------
     def poll(self) -> dict[str, Any]:
-        snapshots, self.snapshots = self.snapshots, []
+        snapshots = self.snapshots.drain()
         waits, wait_time = self._waits()
         recovery = None
         if self.shard > 0 and time.time() - self.snapshot_at >= SNAPSHOT_SECONDS:
@@ -403,9 +382,7 @@ class ShardServer:
         relayed to them (the references of those stops, for the driver to wait on)."""
         self.calls += 1
         self.stopped = True
-        if self.peers:
-            self.relay_log.append("stop", [()] * len(self.peers))
-        return [peer.stop.remote() for peer in self.peers]
+        return self.relay.stop()
 
     def forget(self, worker: int) -> None:
         if self.gate is not None:
@@ -511,9 +488,8 @@ class ShardServer:
 
     def _after_step(self, moved: bool) -> None:
         """Snapshot at the points passed (``ssgd``: once its round is complete); stop at end."""
-        if self.points and self.steps >= self.points[0] and (moved or not self.synchronous):
-            while self.points and self.steps >= self.points[0]:
-                self._snapshot(self.points.pop(0))
+        for point in self.snapshots.due(self.steps, moved, self.synchronous):
+            self._snapshot(point)
         if self.end is not None and self.steps >= self.end:
             self.stopped = True
 
@@ -527,15 +503,11 @@ class ShardServer:
             "lr": self.lr(),
             "buffers": self.buffers,
         }
-        if point in self.evals:
+        if point in self.snapshots.evals:
             snap["params"] = self.master.params().numpy().copy()
-        if point in self.checkpoints:
+        if point in self.snapshots.checkpoints:
             snap["state"] = self.state()
-        self.snapshots.append(snap)
-
-
-def _copy(array: np.ndarray | None) -> np.ndarray | None:
-    return None if array is None else np.array(array)
+        self.snapshots.add(snap)
 
 
 _STATE_COUNTERS = (

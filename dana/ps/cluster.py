@@ -7,7 +7,7 @@
   and shut it down at the end, whatever happens.
 - ``--address ADDR`` (e.g. ``auto``, or ``HEAD_IP:6379`` from ``ray start --head``):
   join that cluster; it stays up afterwards. A cluster that requires Ray's token
-  authentication is detected before joining (:mod:`dana.dist.auth`).
+  authentication is detected before joining (:mod:`dana.ps.auth`).
 - Ray already initialised in this process (a notebook, a test): use it as it is.
 
 CPUs: every actor asks for one logical CPU. When the cluster has fewer than the run has
@@ -61,7 +61,7 @@ def ray_session(address: str | None, actors: int) -> Iterator[None]:
     try:
         if address:
             _check_reachable(address)
-            from dana.dist.auth import check_token
+            from dana.ps.auth import check_token
 
             check_token(address)
             ray.init(address=address, **options)
@@ -160,7 +160,7 @@ def _check_reachable(address: str) -> None:
 def server_options(cpus: float = 1.0) -> dict[str, Any]:
     """A server shard: ``cpus`` CPUs, spread over nodes, never restarted by Ray (a new
     process would have lost the shard's state): the driver rebuilds a lost shard
-    ``s >= 1`` itself (:mod:`dana.dist.recovery`); a lost shard 0 ends the run."""
+    ``s >= 1`` itself (:mod:`dana.ps.recovery`); a lost shard 0 ends the run."""
     return {"num_cpus": cpus, "scheduling_strategy": "SPREAD", "max_restarts": 0}
 
 

@@ -1,14 +1,15 @@
 """``dana train --backend ray``: the driver of a run on Ray.
 
-:class:`RayRun` has the interface of the simulator's ``SimRun`` (``rows``,
-``load_state_dict``, ``execute(progress) -> summary``) and writes the same run directory:
-``metrics.csv`` rows at the same points of the data stream, the same ``summary.json``
-keys (via :func:`dana.train.runner.summarize`), checkpoints for ``--resume``; and also
+:class:`RayRun` is a runner (:class:`dana.train.runners.Runner`: ``rows``,
+``load_state_dict``, ``execute(progress) -> summary``) and writes the same run directory
+as the simulator's: ``metrics.csv`` rows at the same points of the data stream
+(:func:`dana.train.metrics.metrics_row`), the same ``summary.json`` keys
+(:func:`dana.train.metrics.summarize`), checkpoints for ``--resume``; and also
 ``step_times.csv`` (every push's step time, for the simulator's ``trace`` timing) and
 ``dist.json`` (the runtime's counters).
 
-The driver starts ``S`` :class:`~dana.dist.server.ShardServer` actors (the parameters
-split into contiguous shards) and ``k`` :class:`~dana.dist.worker.Worker` actors; the
+The driver starts ``S`` :class:`~dana.ps.server.ShardServer` actors (the parameters
+split into contiguous shards) and ``k`` :class:`~dana.ps.worker.Worker` actors; the
 workers talk to the servers directly, and the driver only watches:
 
 - asynchronous algorithms: each worker runs its loop until the servers, having applied
@@ -21,12 +22,12 @@ workers talk to the servers directly, and the driver only watches:
 With several shards, shard 0 relays every call to the others, so that a push is applied
 on all shards or on none and all shards count alike; it keeps the calls it relayed, and
 a lost shard ``s >= 1`` is rebuilt from its latest snapshot (which the driver keeps)
-and those calls (:mod:`dana.dist.recovery`). A lost shard 0 raises
+and those calls (:mod:`dana.ps.recovery`). A lost shard 0 raises
 :class:`~dana.errors.FaultError` (exit status 4: ``--resume``).
 
 ``--max-staleness s`` (asynchronous algorithms; ``ssgd`` ignores it, as in the
-simulator): shard 0 keeps the simulator's start and push gates
-(:mod:`dana.dist.gate`) and answers what they refuse with "wait". The summary's
+simulator): shard 0 keeps the floor's start and push gates
+(:mod:`dana.train.gate`, on its clock) and answers what they refuse with "wait". The summary's
 ``wait_time`` is the seconds workers spent waiting, summed over workers.
 
 Every ``POLL_SECONDS`` (and after every ``ssgd`` round) the driver drains the servers'
@@ -48,10 +49,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from dana import algorithms
+from dana.algorithms.base import Algorithm
 from dana.atomic import write_text_atomic
-from dana.dist.checkpoint import build_state, check_state, to_numpy
-from dana.dist.cluster import (
+from dana.errors import ConfigError, DanaError, FaultError
+from dana.ps.checkpoint import build_state, check_state, to_numpy
+from dana.ps.cluster import (
     WORKER_RESTARTS,
     import_ray,
     placement,
@@ -59,17 +61,18 @@ from dana.dist.cluster import (
     server_options,
     worker_options,
 )
-from dana.dist.layout import Layout
-from dana.dist.log import LogMerger
-from dana.dist.server import ShardServer
-from dana.dist.worker import Worker
-from dana.errors import ConfigError, DanaError, FaultError
-from dana.sim.timing import write_trace
+from dana.ps.layout import Layout
+from dana.ps.log import LogMerger
+from dana.ps.server import ShardServer
+from dana.ps.worker import Worker
 from dana.train.config import TrainConfig
+from dana.train.gate import bounds_staleness
+from dana.train.metrics import Position, divergence_row, metrics_row, summarize
 from dana.train.problem import Problem
 from dana.train.progress import Progress
 from dana.train.rundir import RunDir
-from dana.train.runner import _mean, stop_points, summarize
+from dana.train.runner import stop_points
+from dana.train.timing import write_trace
 
 #: Seconds between two looks of the driver at the servers.
 POLL_SECONDS = 0.2
@@ -81,18 +84,27 @@ READY_SECONDS = 300.0
 class RayRun:
     """One training run on Ray writing to one run directory."""
 
-    def __init__(self, config: TrainConfig, run: RunDir, problem: Problem):
+    def __init__(
+        self,
+        config: TrainConfig,
+        run: RunDir,
+        problem: Problem,
+        algorithm: Algorithm | None = None,
+    ):
         self.config, self.run, self.problem = config, run, problem
+        # Built once (by train(), or here from the config): the actors get this object.
+        self.algorithm = algorithm = (
+            algorithm if algorithm is not None else config.build_algorithm()
+        )
         self.k, self.S = config.workers, config.servers
         self.d = problem.flat.d
         if self.S > self.d:
             raise ConfigError(f"--servers {self.S} is more than the model's {self.d} parameters")
-        algorithm = algorithms.get(config.algorithm)
         self.batches_per_epoch = problem.dataset.train_size // config.batch_size
         self.synchronous = algorithm.synchronous
         # Bounded staleness (ssgd ignores it): shard 0 gates. With S > 1 shards shard 0
         # relays every call to the others, so a push is applied on all shards or on none.
-        self.bounded = config.max_staleness is not None and not self.synchronous
+        self.bounded = bounds_staleness(config.max_staleness, self.synchronous)
         self.relay = self.S > 1
         self.wait_time, self.waits = 0.0, 0
         self.rows: list[dict[str, float]] = []
@@ -122,7 +134,6 @@ class RayRun:
         self.diverged_steps = 0
         self.final_params: torch.Tensor | None = None
 
-    # -- what summarize() reads ---------------------------------------------------------
     @property
     def epoch(self) -> float:
         return self.steps / self.batches_per_epoch
@@ -179,8 +190,15 @@ class RayRun:
             list(zip(self.merger.log.worker.tolist(), self.merger.durations.tolist())),
         )
         write_text_atomic(self.run.path / "dist.json", json.dumps(self.counters, indent=2) + "\n")
+        end = Position(self.epoch, self.updates, self.pushes, self.sim_time)
         return summarize(
-            self.config, self.rows, self.merger.log.numpy(), self.diverged_at, wall, self
+            self.config,
+            self.rows,
+            self.merger.log.numpy(),
+            self.diverged_at,
+            wall,
+            end,
+            self.wait_time,
         )
 
     def _wall(self) -> float:
@@ -194,7 +212,7 @@ class RayRun:
         names = [f"{self.prefix}-shard{s}" for s in range(self.S)]
         checkpoints = sorted(self.checkpoints)
         self.cpus = cpus = placement(ray, self.k + self.S)
-        # What a shard is built from: again when a lost one is rebuilt (dana.dist.recovery)
+        # What a shard is built from: again when a lost one is rebuilt (dana.ps.recovery)
         self.server_args = [
             (
                 (config, s, initial[lo:hi]),
@@ -205,6 +223,7 @@ class RayRun:
                     evals=sorted(self.evals),
                     checkpoints=checkpoints,
                     state=None if self.saved_servers is None else self.saved_servers[s],
+                    algorithm=self.algorithm,
                 ),
             )
             for s, (lo, hi) in enumerate(layout.bounds)
@@ -230,7 +249,8 @@ class RayRun:
         self.spec_ref = None if spec is None else ray.put(spec)
         worker_cls = ray.remote(Worker).options(**worker_options(cpus))
         self.workers = workers = [
-            worker_cls.remote(config, i, names, self.d, self.spec_ref) for i in range(self.k)
+            worker_cls.remote(config, i, names, self.d, self.spec_ref, self.algorithm)
+            for i in range(self.k)
         ]
         calls = [s.ready.remote() for s in servers] + [w.ready.remote() for w in workers]
         try:
@@ -377,7 +397,7 @@ class RayRun:
 
     def _rebuild(self, ray: Any, s: int) -> None:
         """Rebuild lost shard ``s >= 1`` from its latest snapshot and shard 0's log of the
-        calls since (:mod:`dana.dist.recovery`); the run goes on meanwhile."""
+        calls since (:mod:`dana.ps.recovery`); the run goes on meanwhile."""
         started = time.time()
         saved = self.recovery[s]
         args, kwargs = self.server_args[s]
@@ -487,18 +507,14 @@ class RayRun:
         self.final_params = params  # the last evaluated: the end of the run
         log = self.merger.log.numpy(self.logged, head["pushes"])
         self.logged = head["pushes"]
-        row = {
-            "epoch": head["steps"] / self.batches_per_epoch,
-            "updates": head["updates"],
-            "sim_time": head["time"],
-            "wall_seconds": self._wall(),
-            "lr": head["lr"],
-            "train_loss": _mean(log["loss"]),
-            "test_loss": test_loss,
-            "test_error": test_error,
-            "mean_gap": _mean(log["gap"]),
-            "mean_staleness": _mean(log["staleness"]),
-        }
+        at = Position(
+            head["steps"] / self.batches_per_epoch,
+            head["updates"],
+            head["pushes"],
+            head["time"],
+            head["lr"],
+        )
+        row = metrics_row(at, self._wall(), log, test_loss, test_error)
         self.sim_time = head["time"]
         self.rows.append(row)
         return row
@@ -508,18 +524,14 @@ class RayRun:
         (or at the evaluation that found a non-finite test loss)."""
         stop = self.diverged_index + 1 if self.diverged_index is not None else None
         log = self.merger.log.numpy(self.logged, stop)
-        return {
-            "epoch": self.diverged_steps / self.batches_per_epoch,
-            "updates": self.diverged_at,
-            "sim_time": float(log["sim_time"][-1]) if len(log["sim_time"]) else self.sim_time,
-            "wall_seconds": wall,
-            "lr": float(log["lr"][-1]) if len(log["lr"]) else math.nan,
-            "train_loss": math.nan,
-            "test_loss": math.nan,
-            "test_error": math.nan,
-            "mean_gap": _mean(log["gap"]),
-            "mean_staleness": _mean(log["staleness"]),
-        }
+        at = Position(
+            self.diverged_steps / self.batches_per_epoch,
+            self.diverged_at,
+            self.pushes,
+            float(log["sim_time"][-1]) if len(log["sim_time"]) else self.sim_time,
+            float(log["lr"][-1]) if len(log["lr"]) else math.nan,
+        )
+        return divergence_row(at, wall, log)
 
     def _show(self, progress: Progress) -> None:
         loss = self.merger.log.loss[-1] if len(self.merger) else math.nan
@@ -555,7 +567,7 @@ class RayRun:
             "wait_time": shards[0]["wait_time"],
             "failed_run_calls": self.failed_calls,
             "workers_lost": self.lost,
-            # shards rebuilt after their loss (dana.dist.recovery), and shard 0's log
+            # shards rebuilt after their loss (dana.ps.recovery), and shard 0's log
             "shards_rebuilt": self.rebuilt,
             **relay,
             "worker_replies": dict(self.worker_counts),

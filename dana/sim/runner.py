@@ -1,0 +1,147 @@
+"""``dana train --backend sim``: the simulator's run loop (a runner, :mod:`dana.train.runners`).
+
+The run stops at fixed points of the data stream (every ``eval_every`` epochs, every
+``checkpoint_every`` epochs, the end; :func:`dana.train.runner.stop_points`). At an
+evaluation point it appends a row to ``metrics.csv`` (:func:`dana.train.metrics.metrics_row`).
+At a checkpoint point it saves the whole state, so that ``--resume`` continues exactly: a
+resumed run's ``metrics.csv`` equals the uninterrupted run's but for ``wall_seconds``.
+
+A NaN or infinite loss is a result, not a crash: the run stops, ``summary.json`` says
+``diverged: true`` and at which update, and :meth:`SimRun.execute` returns normally.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from dana.algorithms.base import Algorithm
+from dana.sim.simulator import Simulator
+from dana.train.batches import BatchStream
+from dana.train.config import TrainConfig
+from dana.train.metrics import Position, divergence_row, metrics_row, summarize
+from dana.train.problem import Problem
+from dana.train.progress import Progress
+from dana.train.rundir import RunDir
+from dana.train.runner import build_schedule, stop_points
+
+
+class SimRun:
+    """One simulated training run writing to one run directory."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        run: RunDir,
+        problem: Problem,
+        algorithm: Algorithm | None = None,
+    ):
+        self.config, self.run, self.problem = config, run, problem
+        algorithm = (
+            algorithm if algorithm is not None else config.build_algorithm()
+        )  # (train() gives the one it built)
+        self.batches = BatchStream(problem.dataset.train_size, config.batch_size, seed=config.seed)
+        self.sim = Simulator(
+            algorithm,
+            problem.initial_params(),
+            problem.gradient,
+            self.batches,
+            config.workers,
+            lr=build_schedule(config),
+            weight_decay=config.weight_decay,
+            timing=config.timing,
+            timing_params=config.timing_params,
+            seed=config.seed,
+            max_staleness=config.max_staleness,
+        )
+        self.rows: list[dict[str, float]] = []
+        self.logged = 0  # pushes already summarised in a metrics row
+        self.wall_before = 0.0  # wall seconds spent before a resume
+        self.diverged_at: int | None = None
+
+    # -- state --------------------------------------------------------------------------
+    def state_dict(self, wall: float) -> dict[str, Any]:
+        return {
+            "sim": self.sim.state_dict(),
+            "problem": self.problem.state_dict(),
+            "rows": [dict(r) for r in self.rows],
+            "logged": self.logged,
+            "wall_seconds": wall,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sim.load_state_dict(state["sim"])
+        self.problem.load_state_dict(state["problem"])
+        self.rows = [dict(r) for r in state["rows"]]
+        self.logged = int(state["logged"])
+        self.wall_before = float(state["wall_seconds"])
+
+    # -- the loop -----------------------------------------------------------------------
+    def position(self) -> Position:
+        sim = self.sim
+        return Position(sim.epoch, sim.updates, sim.pushes, sim.sim_time, sim.lr())
+
+    def evaluate(self, wall: float) -> dict[str, float]:
+        log = self.sim.log.numpy(self.logged)
+        self.logged = len(self.sim.log)
+        test_loss, test_error = self.problem.evaluate(self.sim.params())
+        row = metrics_row(self.position(), wall, log, test_loss, test_error)
+        self.rows.append(row)
+        return row
+
+    def diverged(self, sim: Simulator) -> bool:
+        if len(sim.log) and not math.isfinite(sim.log.loss[-1]):
+            self.diverged_at = sim.updates
+            return True
+        return False
+
+    def execute(self, progress: Progress) -> dict[str, Any]:
+        points, evals, checkpoints = stop_points(self.config, self.batches.batches_per_epoch)
+        start = time.perf_counter()
+
+        def wall() -> float:
+            return self.wall_before + time.perf_counter() - start
+
+        done = {r["epoch"] for r in self.rows}
+        progress.start(points[-1], self.sim.steps)
+        for point in points:
+            if point < self.sim.steps or (point == self.sim.steps and self.sim.epoch in done):
+                continue
+            self.sim.run(pushes=point, callback=self._tick(progress))
+            if self.diverged_at is not None:
+                break
+            if point in evals:
+                row = self.evaluate(wall())
+                progress.row(row)
+                if not math.isfinite(row["test_loss"]):
+                    self.diverged_at = self.sim.updates
+                    break
+                self.run.write_metrics(self.rows)
+                self.run.log_row(row)
+            if point in checkpoints:
+                self.run.save_checkpoint(self.state_dict(wall()))
+        progress.close()
+        if self.diverged_at is not None:
+            log = self.sim.log.numpy(self.logged)
+            self.rows.append(divergence_row(self.position(), wall(), log))
+            self.run.write_metrics(self.rows)
+        return summarize(
+            self.config,
+            self.rows,
+            self.sim.log.numpy(),
+            self.diverged_at,
+            wall(),
+            self.position(),
+            self.sim.wait_time,
+        )
+
+    def _tick(self, progress: Progress):
+        every = max(1, self.batches.batches_per_epoch // 50)
+
+        def callback(sim: Simulator) -> bool:
+            if sim.steps % every == 0:
+                progress.update(sim.steps, sim.log.loss[-1] if len(sim.log) else math.nan)
+            return self.diverged(sim)
+
+        return callback

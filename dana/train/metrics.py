@@ -1,0 +1,106 @@
+"""The run's figures, written the same by every runner: the metrics row and the summary.
+
+A metrics row (``metrics.csv``, :data:`~dana.train.rundir.METRICS_COLUMNS`) is taken at
+an evaluation point: where the run is (:class:`Progress`), the master's test loss and
+error, and over the pushes since the previous row the mean training loss, gap and
+staleness. A divergence row marks where a run diverged (no losses, the gap and
+staleness up to there). The summary (``summary.json``) is read from the rows, the whole
+push log and where the run ended.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dana.train.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a run is: its epochs, master updates, pushes applied, time (simulated, or
+    seconds of training on Ray) and the learning rate of its next update."""
+
+    epoch: float
+    updates: int
+    pushes: int
+    sim_time: float
+    lr: float = math.nan
+
+
+def mean(values: np.ndarray) -> float:
+    """The mean of the finite values (NaN when there are none)."""
+    values = values[np.isfinite(values)] if values.dtype.kind == "f" else values
+    return float(values.mean()) if len(values) else math.nan
+
+
+def metrics_row(
+    at: Position,
+    wall_seconds: float,
+    log: dict[str, np.ndarray],
+    test_loss: float,
+    test_error: float,
+) -> dict[str, float]:
+    """The row of an evaluation at ``at``; ``log``: the pushes since the previous row."""
+    return {
+        "epoch": at.epoch,
+        "updates": at.updates,
+        "sim_time": at.sim_time,
+        "wall_seconds": wall_seconds,
+        "lr": at.lr,
+        "train_loss": mean(log["loss"]),
+        "test_loss": test_loss,
+        "test_error": test_error,
+        "mean_gap": mean(log["gap"]),
+        "mean_staleness": mean(log["staleness"]),
+    }
+
+
+def divergence_row(
+    at: Position, wall_seconds: float, log: dict[str, np.ndarray]
+) -> dict[str, float]:
+    """The row that marks a divergence at ``at``: no losses, the gap and staleness of
+    the pushes since the previous row."""
+    row = metrics_row(at, wall_seconds, log, math.nan, math.nan)
+    row["train_loss"] = math.nan
+    return row
+
+
+def summarize(
+    config: TrainConfig,
+    rows: list[dict[str, float]],
+    log: dict[str, np.ndarray],
+    diverged_at: int | None,
+    wall_seconds: float,
+    end: Position,
+    wait_time: float = 0.0,
+) -> dict[str, Any]:
+    """The figures of ``summary.json``: ``log`` is the whole push log, ``end`` where the
+    run stopped, ``wait_time`` the time workers waited for the staleness bound."""
+    errors = [r["test_error"] for r in rows if math.isfinite(r["test_error"])]
+    last = rows[-1]
+    staleness = log["staleness"]
+    return {
+        "algorithm": config.algorithm,
+        "workers": config.workers,
+        "dataset": config.dataset,
+        "model": config.model,
+        "seed": config.seed,
+        "final_test_error": last["test_error"],
+        "best_test_error": min(errors) if errors else math.nan,
+        "final_test_loss": last["test_loss"],
+        "diverged": diverged_at is not None,
+        "diverged_at_update": diverged_at,
+        "updates": end.updates,
+        "pushes": end.pushes,
+        "epochs": end.epoch,
+        "sim_time": end.sim_time,
+        "mean_gap": mean(log["gap"]),
+        "mean_staleness": mean(staleness),
+        "max_staleness": int(staleness.max()) if len(staleness) else 0,
+        "wait_time": float(wait_time),
+        "wall_seconds": wall_seconds,
+    }

@@ -1,0 +1,44 @@
+"""The one protocol every runner implements.
+
+A runner executes one :class:`~dana.train.config.TrainConfig` into one run directory,
+standing on the floor (:mod:`dana.train`) and nothing else. :func:`dana.train.runner.train`
+builds the run's :class:`~dana.train.problem.Problem` and algorithm once, finds the
+runner of ``config.backend`` by name (:mod:`dana.train.backends`) and calls it.
+
+Adding a runner: a new package with a class that follows :class:`Runner`, and one line
+in :data:`dana.train.backends.RUNNERS`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from dana.algorithms.base import Algorithm
+from dana.train.config import TrainConfig
+from dana.train.problem import Problem
+from dana.train.progress import Progress
+from dana.train.rundir import RunDir
+
+
+class Runner(Protocol):
+    """What :func:`dana.train.runner.train` asks of a runner.
+
+    ``rows``: the metrics rows so far (those of a checkpoint after
+    :meth:`load_state_dict`); :meth:`execute` runs to the end, writes ``metrics.csv``
+    (and checkpoints) through the :class:`RunDir` and returns the summary
+    (:func:`dana.train.metrics.summarize`).
+    """
+
+    rows: list[dict[str, float]]
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        run: RunDir,
+        problem: Problem,
+        algorithm: Algorithm | None = None,
+    ) -> None: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def execute(self, progress: Progress) -> dict[str, Any]: ...

@@ -1,0 +1,44 @@
+"""A worker's step, the same in every runner (docs/ALGORITHMS.md, "Master and worker rules").
+
+1. compute at ``p = rule.compute_at(i, pulled)``: ``g = grad f(p) + wd * p`` on the
+   worker's batch (the gradient function gives the loss without weight decay);
+2. make the message at the learning rate of its push: ``rule.set_lr(lr)``, then
+   ``rule.message(i, g)`` (``None``: a local step, nothing is pushed).
+
+The simulator holds every worker's rule in one (``i`` is the worker), a Ray worker
+holds its own (``i = 0``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor
+
+from dana.algorithms.base import WorkerRule
+
+#: ``gradient(params, batch) -> (grad, loss)``; the step may modify ``grad`` in place.
+GradientFn = Callable[[Tensor, Any], tuple[Tensor, float]]
+
+
+class WorkerStep:
+    """The gradient and the message of a worker rule's workers."""
+
+    def __init__(self, rule: WorkerRule, gradient: GradientFn, weight_decay: float = 0.0):
+        if not weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+        self.rule, self.gradient_fn, self.weight_decay = rule, gradient, float(weight_decay)
+
+    def gradient(self, i: int, pulled: Tensor, batch: Any) -> tuple[Tensor, float]:
+        """Worker ``i``'s gradient (weight decay included) at what it pulled, and the loss."""
+        p = self.rule.compute_at(i, pulled)
+        grad, loss = self.gradient_fn(p, batch)
+        if self.weight_decay:
+            grad.add_(p, alpha=self.weight_decay)
+        return grad, loss
+
+    def message(self, i: int, grad: Tensor, lr: float) -> Tensor | None:
+        """Worker ``i``'s message for ``grad``, made at ``lr`` (``None``: a local step)."""
+        self.rule.set_lr(lr)
+        return self.rule.message(i, grad)

@@ -1,0 +1,57 @@
+"""Every benchmark runs, in its smoke mode (tiny sizes, seconds), so none breaks unseen.
+
+Each script runs in a subprocess with ``--smoke`` and must exit 0 and print its last
+line, the figure docs/BENCHMARKS.md records (the smoke run's number means nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+#: Each benchmark and the pattern of its last line.
+LAST_LINES = {
+    "master_update.py": r"dana-slim ratio [\d.]+, dana-zero ratio [\d.]+",
+    "sim_memory.py": r"bytes per worker-parameter [\d.]+",
+    "sim_overhead.py": r"overhead ratio [\d.]+",
+    "train_throughput.py": r"throughput ratio [\d.]+",
+    "ps_throughput.py": r"throughput vs ray example [\d.]+",
+}
+NEEDS_RAY = {"ps_throughput.py"}
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_benchmark_is_listed():
+    assert {p.name for p in BENCH.glob("*.py")} == set(LAST_LINES)
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param(name, marks=[pytest.mark.ray] if name in NEEDS_RAY else [])
+        for name in sorted(LAST_LINES)
+    ],
+)
+def test_benchmark_smoke_run(script):
+    if script in NEEDS_RAY:
+        pytest.importorskip("ray")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, str(BENCH / script), "--smoke"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    last = out.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(LAST_LINES[script], last), last

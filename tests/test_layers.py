@@ -1,0 +1,170 @@
+"""The walls between dana's layers, read from the source (docs/ARCHITECTURE.md).
+
+Every import in ``dana/`` counts: at module level, inside functions (lazy imports) and
+under ``if TYPE_CHECKING``. A module is named by its dotted path; its layer ("package")
+is its first part under ``dana`` (``dana.train.config`` -> ``train``, ``dana.cli`` ->
+``cli``, the package ``dana`` itself -> ``dana``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "dana"
+RUNNERS = {"sim", "ps"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The dana modules ``path`` imports (``from dana import x`` names the module
+    ``dana.x`` when there is one, else the package ``dana``)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package, up level - 1
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in known else base)
+    return {m for m in found if m == "dana" or m.startswith("dana.")}
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "dana"
+
+
+GRAPH = {name: imports(path, set(modules())) for name, path in modules().items()}
+
+
+def importers(target: str) -> dict[str, set[str]]:
+    """Which modules import a module of layer ``target``, and which."""
+    return {
+        m: {i for i in deps if layer(i) == target}
+        for m, deps in GRAPH.items()
+        if any(layer(i) == target for i in deps) and layer(m) != target
+    }
+
+
+def layer_imports(source: str) -> set[str]:
+    """The layers the modules of ``source`` import (itself aside)."""
+    return {layer(i) for m, deps in GRAPH.items() if layer(m) == source for i in deps} - {source}
+
+
+def test_the_reader_sees_every_kind_of_import():
+    """The parser finds module-level, lazy and TYPE_CHECKING imports (else the walls
+    below would hold trivially)."""
+    train = GRAPH["dana.train.runner"]
+    assert "dana.train.backends" in train and "dana.train.config" in train
+    assert "dana.experiments.cli" in GRAPH["dana.cli"]  # a lazy import, inside a function
+    assert "dana.errors" in GRAPH["dana.train.problem"]  # (only) inside a function
+    assert "dana.experiments.grid" in GRAPH["dana.experiments.cli"]  # TYPE_CHECKING too
+    assert "dana.algorithms" in GRAPH["dana.train.config"]  # from dana import algorithms
+    assert len(GRAPH) > 60
+
+
+def test_algorithms_import_no_runner_floor_experiments_or_cli():
+    assert layer_imports("algorithms") <= {"errors"}, layer_imports("algorithms")
+
+
+def test_the_simulator_and_the_ray_runtime_never_import_each_other():
+    assert "ps" not in layer_imports("sim")
+    assert "sim" not in layer_imports("ps")
+
+
+def test_the_floor_imports_no_runner():
+    """The floor names its runners in its registry (by string) and never imports them."""
+    assert not layer_imports("train") & (RUNNERS | {"experiments", "cli", "api", "fitting"})
+
+
+def test_data_and_models_import_no_algorithm():
+    for source in ("data", "models"):
+        assert not layer_imports(source) & {"algorithms", "train", "sim", "ps"}, source
+
+
+def test_nothing_but_the_entry_point_imports_the_cli():
+    """``dana.cli`` is the ``dana`` command (pyproject's entry point); no module imports it."""
+    assert 'dana = "dana.cli:main"' in (ROOT / "pyproject.toml").read_text()
+    assert importers("cli") == {}
+
+
+def test_no_import_cycle_between_dana_packages():
+    edges: dict[str, set[str]] = {}
+    for m, deps in GRAPH.items():
+        edges.setdefault(layer(m), set()).update(layer(i) for i in deps if layer(i) != layer(m))
+    # The package ``dana`` re-exports the public API (api, sim, algorithms): nothing
+    # inside imports it but the command, for its version.
+    assert {layer(m) for m, deps in GRAPH.items() if "dana" in deps} <= {"cli"}
+    cycle = _find_cycle(edges)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_no_import_cycle_between_dana_modules():
+    edges = {m: deps - {m} for m, deps in GRAPH.items()}
+    # A package's __init__ importing its own modules is no cycle: Python loads them in turn.
+    for m in edges:
+        if (PACKAGE.parent / m.replace(".", "/") / "__init__.py").exists():
+            edges[m] = {d for d in edges[m] if not d.startswith(m + ".")}
+    cycle = _find_cycle(edges)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_runners_stand_on_the_floor_alone():
+    """The simulator and the Ray runtime use the floor, the rules and the helpers."""
+    for runner in RUNNERS:
+        assert layer_imports(runner) <= {"train", "algorithms", "errors", "atomic"}, runner
+
+
+def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+@pytest.mark.parametrize(
+    "edges, cycle",
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c", "a"]),
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
+    ],
+)
+def test_the_cycle_finder_finds_cycles(edges, cycle):
+    assert _find_cycle(edges) == cycle
