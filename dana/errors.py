@@ -16,3 +16,8 @@ class DataError(DanaError, ValueError):
 
 class ConfigError(DanaError, ValueError):
     """An option or a config file is out of range or invalid."""
+
+
+class WriteError(DanaError, OSError):
+    """A file could not be written (a full disk, no permission); nothing half-written is
+    left, and a file it was to replace is kept as it was."""

@@ -122,6 +122,15 @@ def add_sweep_parser(sub) -> None:
         help="continue the sweep recorded in DIR/sweep.json (same as rerunning its command)",
     )
     run.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
+    run.add_argument(
+        "--threads",
+        dest="threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the number of CPU threads each run uses, as `dana train --threads` (default: "
+        "the cores divided by --jobs, or OMP_NUM_THREADS where set; 0: one per core)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument(
         "--keep-checkpoints",
@@ -178,9 +187,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from dana.errors import ConfigError
     from dana.experiments.layout import SweepDir
     from dana.experiments.sweep import plan, run_sweep
+    from dana.train.resources import check_threads
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.threads is not None:
+        check_threads(args.threads)
     spec = sweep_spec(args)
     out = args.out or args.resume or f"results/{args.preset or 'sweep'}"
     if args.dry_run:
@@ -191,7 +203,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"{len(cells)} runs into {out}")
         return EXIT_OK
     result = run_sweep(
-        spec, out, jobs=args.jobs, progress=not args.quiet, keep_checkpoints=args.keep_checkpoints
+        spec,
+        out,
+        jobs=args.jobs,
+        progress=not args.quiet,
+        keep_checkpoints=args.keep_checkpoints,
+        threads=args.threads,
     )
     print(
         f"dana sweep: {len(result.status)} runs in {out}: {result.count('finished')} finished, "
