@@ -424,3 +424,25 @@ def test_sweep_never_deletes_a_file_it_did_not_write(tmp_path):
     assert (run / "summary.json").is_file()
     log = (out / "logs" / "dana-slim_k2_s0.log").read_text()
     assert "Traceback" not in log
+
+
+def test_simulate_takes_threads_and_restores_the_setting():
+    import dana
+    from dana.errors import ConfigError
+
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 5), torch.randint(0, 2, (64,))
+    model = torch.nn.Linear(5, 2)
+    before = torch.get_num_threads()
+    result = dana.simulate(model, x, y, workers=2, epochs=1, batch_size=16, threads=1)
+    assert result.log.numpy()["staleness"].size == 4
+    assert torch.get_num_threads() == before
+    with pytest.raises(ConfigError, match="--threads"):
+        dana.simulate(model, x, y, workers=2, epochs=1, batch_size=16, threads=-1)
+    assert torch.get_num_threads() == before
+
+
+def test_sweep_grid_value_with_a_yaml_tag(tmp_path):
+    result = dana("sweep", "--grid", "lr=!!python/name:os.system", "--out", str(tmp_path / "s"))
+    assert_bad_input(result, "--grid")
+    assert not (tmp_path / "s").exists()

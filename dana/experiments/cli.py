@@ -6,9 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from dana.cli import EXIT_ERROR, EXIT_OK, add_train_options, collect_options
+from dana.cli import EXIT_ERROR, EXIT_OK, add_train_options, collect_options, yaml_value
 
 if TYPE_CHECKING:
     from dana.experiments.grid import SweepSpec
@@ -36,7 +34,7 @@ def _grid_axis(text: str) -> tuple[str, list[Any]]:
     key, sep, values = text.partition("=")
     if not sep or not key or not values:
         raise argparse.ArgumentTypeError(f"expected OPTION=V1,V2,..., got {text!r}")
-    return canonical_key(key), [yaml.safe_load(v) for v in values.split(",")]
+    return canonical_key(key), [yaml_value(v) for v in values.split(",")]
 
 
 def _percent(text: str) -> float:
