@@ -29,7 +29,7 @@ from dana import algorithms
 from dana.sim.simulator import PushLog, Simulator
 from dana.train.batches import BatchStream
 from dana.train.flat import FlatModel, LossFn
-from dana.train.resources import DEFAULT_THREADS, check_threads
+from dana.train.resources import check_threads, default_threads
 from dana.train.schedule import LRSchedule
 
 
@@ -79,11 +79,11 @@ def simulate(
     look-ahead, as the paper evaluates it).
 
     ``threads``: the number of CPU threads the simulation uses (torch's intra-op
-    threads; default 1, which holds up when other processes keep cores busy; 0: one per
-    core), as ``dana train --threads``; the process's own setting is restored at the end.
+    threads; default 1, or ``OMP_NUM_THREADS`` where set, which holds up when other
+    processes keep cores busy; 0: one per core), as ``dana train --threads``; the process's own setting is restored at the end.
     """
     previous = torch.get_num_threads()
-    torch.set_num_threads(check_threads(DEFAULT_THREADS if threads is None else threads))
+    torch.set_num_threads(check_threads(default_threads() if threads is None else threads))
     try:
         return _simulate(
             model, x, y, algorithm=algorithm, workers=workers, lr=lr, momentum=momentum,

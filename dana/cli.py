@@ -165,8 +165,9 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the number of CPU threads the run uses (torch's intra-op threads; 0: one per "
         "core). A run's result does not depend on it, so it is not saved in config.json and "
-        "may be given with --resume. The default, 1, holds up when other processes keep "
-        "cores busy: more threads spin-wait against them (docs/BENCHMARKS.md)",
+        "may be given with --resume. The default, 1 (or OMP_NUM_THREADS where set), holds "
+        "up when other processes keep cores busy: more threads spin-wait against them "
+        "(docs/BENCHMARKS.md)",
     )
     parser.add_argument(
         "--tensorboard",
@@ -250,7 +251,12 @@ def resume_conflicts(args: argparse.Namespace) -> list[str]:
     if getattr(args, "out", None) is not None:
         given.append("out")
     names = {"config_file": "config", "algo_param": "algo-param"}
-    return ["--" + names.get(k, k.split(".")[-1]).replace("_", "-") for k in sorted(given)]
+    flags = []
+    for key in sorted(given):
+        if key.startswith("timing."):
+            key = "timing-" + key[7:]
+        flags.append("--" + names.get(key, key.removeprefix("algo.")).replace("_", "-"))
+    return flags
 
 
 def cmd_train(args: argparse.Namespace) -> int:

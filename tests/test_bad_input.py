@@ -307,6 +307,10 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path):
     state = torch.load(out / "checkpoint.pt", weights_only=True)
     assert state["sim"]["steps"] == 256 // 32  # the first checkpoint, at epoch 1
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    assert "--resume" in result.stderr
+    resumed = dana("train", "--resume", str(out), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((out / "summary.json").read_text())["epochs"] == 3
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/fd")

@@ -1,7 +1,8 @@
 """What a run takes from the machine: CPU threads and memory.
 
 Threads (``--threads N``, ``dana.simulate(threads=N)``): the number of CPU threads the
-run uses, set with :func:`use_threads` before any work. The default is one. The
+run uses, set with :func:`use_threads` before any work. The default is one (or
+``OMP_NUM_THREADS`` where the environment sets it). The
 simulator computes one gradient at a time, and torch's default (one intra-op thread per
 core) spin-waits against any other busy process: on a shared machine each step then
 runs many times slower (docs/BENCHMARKS.md, "Threads under load"). ``0`` means one per
@@ -35,6 +36,12 @@ def cores() -> int:
     return os.cpu_count() or 1
 
 
+def default_threads() -> int:
+    """``OMP_NUM_THREADS`` where the environment sets it, else :data:`DEFAULT_THREADS`."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() else DEFAULT_THREADS
+
+
 def check_threads(threads: Any) -> int:
     """``threads`` as an int (0: one per core), or ConfigError."""
     if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads <= MAX_THREADS:
@@ -45,12 +52,12 @@ def check_threads(threads: Any) -> int:
 
 
 def use_threads(threads: int | None = None) -> int:
-    """Make torch use ``threads`` intra-op threads (default :data:`DEFAULT_THREADS`; 0:
+    """Make torch use ``threads`` intra-op threads (default :func:`default_threads`; 0:
     one per core) and one inter-op thread; return the intra-op count.
 
     Inter-op threads can be set only once per process, before any inter-op work; a
     later call leaves them as they are."""
-    n = check_threads(DEFAULT_THREADS if threads is None else threads)
+    n = check_threads(default_threads() if threads is None else threads)
     torch.set_num_threads(n)
     try:
         torch.set_num_interop_threads(1)

@@ -35,7 +35,7 @@ from dana.atomic import (
     write_atomic,
     write_text_atomic,
 )
-from dana.errors import DanaError
+from dana.errors import DanaError, WriteError
 
 #: The files a run directory holds, all written by ``dana train``.
 RUN_FILES = (
@@ -233,7 +233,13 @@ class RunDir:
             state = {**state, SETTINGS_KEY: self.settings}
         buf = io.BytesIO()
         torch.save(state, buf)
-        write_atomic(self.checkpoint, buf.getvalue())
+        try:
+            write_atomic(self.checkpoint, buf.getvalue())
+        except WriteError as e:
+            resume = (
+                f"; continue with `dana train --resume {self.path}`" if self.holds_run() else ""
+            )
+            raise WriteError(e.errno or 0, f"{e.strerror}{resume}") from None
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         """The checkpoint's state; None if there is none. DanaError for a checkpoint.pt

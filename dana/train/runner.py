@@ -239,10 +239,10 @@ def train(
 ) -> dict[str, Any]:
     """Run ``config`` into the run directory ``out`` (``resume``: continue it).
 
-    A new run goes only into a new or empty directory; one that fails to start (bad
-    input found late, an unreachable cluster) leaves nothing behind. A resumed run
-    removes the temporary files a kill inside a write left, and refuses a checkpoint
-    that does not fit its config.json."""
+    A new run goes only into a new or empty directory; one that fails before its first
+    evaluation (bad input found late, an unreachable cluster) leaves nothing behind. A
+    resumed run removes the temporary files a kill inside a write left, and refuses a
+    checkpoint that does not fit its config.json."""
     run = RunDir(out)
     if resume:
         if run.path.exists() and not run.path.is_dir():
@@ -292,7 +292,7 @@ def train(
         if runner.rows:
             run.write_plot(runner.rows, title)
     except DanaError:
-        if not resume and not run.checkpoint.is_file():
+        if not resume and not (run.checkpoint.is_file() or run.metrics.is_file()):
             run.remove_own(keep_folder=not created)  # a failed start leaves nothing
         raise
     return summary
