@@ -4,6 +4,13 @@ A run's ``config.json`` holds a :class:`TrainConfig` (and the package version), 
 ``dana train --config config.json`` reruns it. Values are validated in
 :meth:`TrainConfig.validate`, which raises :class:`~dana.errors.ConfigError` naming the
 bad option and what it accepts.
+
+Every option's type and range is in one place, :data:`SCHEMA` (one :class:`Rule` per
+field; a check at import keeps it and the fields in step), with strict types: a
+boolean is true or false, never the string "no"; an integer is not a float; a number
+is finite. A small table rather than pydantic: the messages name the command-line flag
+(``--workers must be an integer >= 1, got 0``) and the same rules serve a config file,
+a sweep cell and the command line, with no new dependency.
 """
 
 from __future__ import annotations
@@ -144,7 +151,7 @@ class TrainConfig:
                 flag = name.replace("_", "-")
                 raise ConfigError(
                     f"--epochs {self.epochs:g} with --{flag} {every:g} asks for "
-                    f"{self.epochs / every:.3g} {flag.split('-')[0]} points; at most "
+                    f"{self.epochs / every:.3g} {'evaluation' if name == 'eval_every' else 'checkpoint'} points; at most "
                     f"{MAX_STOPS:,} are allowed: raise --{flag} to at least "
                     f"{self.epochs / MAX_STOPS:.3g}"
                 )
@@ -318,4 +325,5 @@ def _check_algorithm_params(name: str, params: dict[str, Any]) -> None:
 
 
 _missing = {f.name for f in dataclasses.fields(TrainConfig)} ^ set(SCHEMA)
-assert not _missing, f"SCHEMA and TrainConfig disagree on {_missing}"
+if _missing:  # a field added without its rule, or a rule without its field
+    raise RuntimeError(f"SCHEMA and TrainConfig disagree on {sorted(_missing)}")
