@@ -39,12 +39,24 @@ def _floats(text: str) -> list[float]:
 
 
 def _key_value(text: str) -> tuple[str, Any]:
-    import yaml
-
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.replace("-", "_"), yaml.safe_load(value)
+    return key.replace("-", "_"), yaml_value(value)
+
+
+def yaml_value(text: str) -> Any:
+    """``text`` read as one YAML value (a number, true/false, a string, ...); an
+    ArgumentTypeError for what plain YAML cannot read (a ``!!python`` tag, say)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise argparse.ArgumentTypeError(
+            f"cannot read {text!r}: {problem}; give a plain number, true/false or a string"
+        ) from None
 
 
 # (option, dest in TrainConfig, type, help); defaults come from TrainConfig.
@@ -154,6 +166,18 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
         help="do not augment training images",
     )
     parser.add_argument(
+        "--threads",
+        dest="threads",
+        type=int,
+        default=S,
+        metavar="N",
+        help="the number of CPU threads the run uses (torch's intra-op threads; 0: one per "
+        "core). A run's result does not depend on it, so it is not saved in config.json and "
+        "may be given with --resume. The default, 1 (or OMP_NUM_THREADS where set), holds "
+        "up when other processes keep cores busy: more threads spin-wait against them "
+        "(docs/BENCHMARKS.md)",
+    )
+    parser.add_argument(
         "--tensorboard",
         dest="tensorboard",
         action="store_true",
@@ -212,8 +236,8 @@ def collect_options(args: argparse.Namespace) -> dict[str, Any]:
     values: dict[str, Any] = {}
     if "config_file" in given:
         values.update(TrainConfig.from_file(given["config_file"]))
-    timing = dict(values.get("timing_params") or {})
-    algo = dict(values.get("algorithm_params") or {})
+    timing: dict[str, Any] = {}
+    algo: dict[str, Any] = {}
     for key, value in given.items():
         if key.startswith("timing."):
             timing[key[7:]] = value
@@ -224,20 +248,58 @@ def collect_options(args: argparse.Namespace) -> dict[str, Any]:
         elif key in {f.name for f in dataclasses.fields(TrainConfig)}:
             values[key] = value
     if timing:
-        values["timing_params"] = timing
+        values["timing_params"] = _merged(values, "timing_params", timing)
     if algo:
-        values["algorithm_params"] = algo
+        values["algorithm_params"] = _merged(values, "algorithm_params", algo)
     return values
+
+
+def _merged(values: dict[str, Any], name: str, given: dict[str, Any]) -> Any:
+    """The file's ``name`` mapping updated with the command line's; a file's value that
+    is no mapping is kept as it is, for validation to name."""
+    held = values.get(name)
+    if held is None:
+        return given
+    return {**held, **given} if isinstance(held, dict) else held
+
+
+#: Options that do not change a run's result: accepted with --resume.
+RUNTIME_OPTIONS = {"command", "func", "resume", "quiet", "threads", "out"}
+DEFAULT_OUT = "runs/latest"
+
+
+def resume_conflicts(args: argparse.Namespace) -> list[str]:
+    """The options given with --resume that would change the run (and --out)."""
+    given = [k for k in vars(args) if k not in RUNTIME_OPTIONS]
+    if getattr(args, "out", None) is not None:
+        given.append("out")
+    names = {"config_file": "config", "algo_param": "algo-param"}
+    flags = []
+    for key in sorted(given):
+        if key.startswith("timing."):
+            key = "timing-" + key[7:]
+        flags.append("--" + names.get(key, key.removeprefix("algo.")).replace("_", "-"))
+    return flags
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from dana import __version__
+    from dana.errors import DanaError
     from dana.train.config import TrainConfig
     from dana.train.progress import format_table
+    from dana.train.resources import use_threads
     from dana.train.rundir import RunDir
     from dana.train.runner import train
 
+    use_threads(getattr(args, "threads", None))
     if args.resume:
+        given = resume_conflicts(args)
+        if given:
+            raise DanaError(
+                f"--resume continues the run in {args.resume} exactly as it was started, so "
+                f"it takes no {', '.join(given)}; to change them, start a new run from its "
+                f"settings: `dana train --config {args.resume}/config.json --out NEW ...`"
+            )
         run = RunDir(args.resume)
         values = run.read_config()
         if run.finished():
@@ -247,7 +309,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         out = run.path
     else:
         config = TrainConfig.from_dict(collect_options(args), "options")
-        out = args.out
+        out = args.out or DEFAULT_OUT
     summary = train(
         config, out, resume=bool(args.resume), progress=not args.quiet, version=__version__
     )
@@ -295,7 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_train_options(p)
     p.add_argument(
-        "--out", default="runs/latest", help="run directory to write (default: runs/latest)"
+        "--out",
+        default=None,
+        help=f"run directory to write: new, or empty (default: {DEFAULT_OUT})",
     )
     p.add_argument(
         "--resume",
