@@ -298,6 +298,8 @@ SCHEMA: dict[str, Rule] = {
     "eval_every": Rule(float, low=0, open_low=True),
     "checkpoint_every": Rule(float, low=0),
     "tensorboard": Rule(bool),
+    "mlflow": Rule(str, optional=True),
+    "mlflow_experiment": Rule(str),
     "dtype": Rule(str, choices=DTYPES),
     "backend": Rule(str, choices=BACKENDS),
     "address": Rule(str, optional=True),
