@@ -31,6 +31,17 @@ def _defaults() -> dict[str, Any]:
     return {f.name: getattr(TrainConfig(), f.name) for f in dataclasses.fields(TrainConfig)}
 
 
+#: What an unset option means, for the options whose default is computed.
+AUTO_DEFAULTS = {
+    "warmup_epochs": "auto: 60 steps per worker (60*k updates), within 1/8 and 2/3 of the run",
+    "lr_decay_epochs": "auto: once, at 9/10 of the run",
+}
+
+
+def _default_text(dest: str, value: Any) -> Any:
+    return AUTO_DEFAULTS[dest] if value is None and dest in AUTO_DEFAULTS else value
+
+
 def _floats(text: str) -> list[float]:
     try:
         return [float(x) for x in text.replace(",", " ").split()]
@@ -149,7 +160,7 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     S = argparse.SUPPRESS
     for flag, dest, type_, help_ in TRAIN_OPTIONS:
         parser.add_argument(
-            flag, dest=dest, type=type_, default=S, help=f"{help_} (default: {defaults[dest]})"
+            flag, dest=dest, type=type_, default=S, help=f"{help_} (default: {_default_text(dest, defaults[dest])})"
         )
     parser.add_argument(
         "--augment",

@@ -31,6 +31,11 @@ from dana.sim.timing import TIMING_MODELS
 
 BACKENDS = ("sim", "ray")
 LR_SCALINGS = ("none", "linear")
+#: The automatic warm-up gives each worker this many steps (the paper's protocol gives
+#: ~61 at k = 32); see TrainConfig.warmup_epochs_for.
+AUTO_WARMUP_STEPS = 60
+#: The automatic decay (x lr_decay_factor) comes at this fraction of the run.
+AUTO_DECAY_AT = 0.9
 DTYPES = ("float32", "float64")
 
 
@@ -54,9 +59,9 @@ class TrainConfig:
     lr: float = 0.005
     momentum: float = 0.9
     weight_decay: float = 1e-4
-    lr_decay_epochs: list[float] = field(default_factory=list)
+    lr_decay_epochs: list[float] | None = None  # None: auto, see decay_epochs_for()
     lr_decay_factor: float = 0.1
-    warmup_epochs: float = 1.0
+    warmup_epochs: float | None = None  # None: auto, see warmup_epochs_for()
     lr_scaling: str = "none"
     timing: str = "gamma"
     timing_params: dict[str, Any] = field(default_factory=dict)
@@ -110,6 +115,23 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def warmup_epochs_for(self, batches_per_epoch: int) -> float:
+        """The warm-up's length in epochs: ``warmup_epochs``, or when it is None (the
+        default) enough updates for every worker to take :data:`AUTO_WARMUP_STEPS` steps
+        during it (``AUTO_WARMUP_STEPS * workers`` updates), but at least 1/8 of the run
+        and at most 2/3 of it (the long-schedule study's shape: docs/RESULTS.md)."""
+        if self.warmup_epochs is not None:
+            return float(self.warmup_epochs)
+        epochs = AUTO_WARMUP_STEPS * self.workers / max(1, batches_per_epoch)
+        return min(max(epochs, self.epochs / 8), 2 * self.epochs / 3)
+
+    def decay_epochs_for(self) -> list[float]:
+        """The epochs where the rate decays: ``lr_decay_epochs``, or when it is None (the
+        default) once, at :data:`AUTO_DECAY_AT` of the run."""
+        if self.lr_decay_epochs is not None:
+            return [float(e) for e in self.lr_decay_epochs]
+        return [AUTO_DECAY_AT * self.epochs]
+
     def peak_lr(self) -> float:
         """The rate after warm-up, before decay: ``lr``, or ``lr * workers`` with the
         linear-scaling rule (``lr_scaling: linear``; Goyal et al. 2017)."""
@@ -143,7 +165,9 @@ class TrainConfig:
             )
         if self.momentum >= 1:
             raise ConfigError(f"--momentum must be in [0, 1), got {self.momentum!r}")
-        if self.lr_decay_epochs != sorted(self.lr_decay_epochs):
+        if self.lr_decay_epochs is not None and self.lr_decay_epochs != sorted(
+            self.lr_decay_epochs
+        ):
             raise ConfigError(f"--lr-decay-epochs must increase, got {self.lr_decay_epochs!r}")
         for name, every in (
             ("eval_every", self.eval_every),
@@ -286,9 +310,9 @@ SCHEMA: dict[str, Rule] = {
     "lr": Rule(float, low=0, open_low=True),
     "momentum": Rule(float, low=0),
     "weight_decay": Rule(float, low=0),
-    "lr_decay_epochs": Rule(list, low=0, open_low=True),
+    "lr_decay_epochs": Rule(list, low=0, open_low=True, optional=True),
     "lr_decay_factor": Rule(float, low=0, high=1, open_low=True),
-    "warmup_epochs": Rule(float, low=0),
+    "warmup_epochs": Rule(float, low=0, optional=True),
     "lr_scaling": Rule(str, choices=LR_SCALINGS),
     "timing": Rule(str, choices=tuple(TIMING_MODELS)),
     "timing_params": Rule(dict),

@@ -33,14 +33,16 @@ from dana.train.rundir import SETTINGS_KEY, RunDir
 from dana.train.schedule import LRSchedule
 
 
-def build_schedule(config: TrainConfig) -> LRSchedule:
+def build_schedule(config: TrainConfig, batches_per_epoch: int) -> LRSchedule:
     """Warm-up from ``peak/k`` to the peak rate, then step decay (``peak = lr``, or
-    ``lr * k`` with linear scaling: the warm-up then starts at the one-worker ``lr``)."""
+    ``lr * k`` with linear scaling: the warm-up then starts at the one-worker ``lr``);
+    an unset warm-up or decay takes the automatic one (TrainConfig.warmup_epochs_for,
+    decay_epochs_for)."""
     return LRSchedule(
         config.peak_lr(),
         config.workers,
-        config.warmup_epochs,
-        tuple(config.lr_decay_epochs),
+        config.warmup_epochs_for(batches_per_epoch),
+        tuple(config.decay_epochs_for()),
         config.lr_decay_factor,
     )
 
@@ -75,7 +77,7 @@ class SimRun:
             problem.gradient,
             self.batches,
             config.workers,
-            lr=build_schedule(config),
+            lr=build_schedule(config, self.batches.batches_per_epoch),
             weight_decay=config.weight_decay,
             timing=config.timing,
             timing_params=config.timing_params,
