@@ -160,7 +160,11 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     S = argparse.SUPPRESS
     for flag, dest, type_, help_ in TRAIN_OPTIONS:
         parser.add_argument(
-            flag, dest=dest, type=type_, default=S, help=f"{help_} (default: {_default_text(dest, defaults[dest])})"
+            flag,
+            dest=dest,
+            type=type_,
+            default=S,
+            help=f"{help_} (default: {_default_text(dest, defaults[dest])})",
         )
     parser.add_argument(
         "--augment",
