@@ -30,6 +30,7 @@ from dana.sim.simulator import Simulator
 from dana.train.batches import BatchStream
 from dana.train.flat import FlatModel, LossFn
 from dana.train.pushlog import PushLog
+from dana.train.resources import check_threads, default_threads
 from dana.train.schedule import LRSchedule
 
 
@@ -68,6 +69,7 @@ def simulate(
     decay_epochs: Sequence[float] = (),
     seed: int = 0,
     callback: Callable[[Simulator], bool | None] | None = None,
+    threads: int | None = None,
     **hparams: Any,
 ) -> SimulationResult:
     """Train ``model`` on ``(x, y)`` with ``workers`` simulated asynchronous workers.
@@ -76,7 +78,45 @@ def simulate(
     passed to it when it takes one, and ``hparams`` (``lc=...``, ``nesterov=...``) too.
     At the end ``model`` holds the master's parameters (for ``dana-slim`` the
     look-ahead, as the paper evaluates it).
+
+    ``threads``: the number of CPU threads the simulation uses (torch's intra-op
+    threads; default 1, or ``OMP_NUM_THREADS`` where set, which holds up when other
+    processes keep cores busy; 0: one per core), as ``dana train --threads``; the process's own setting is restored at the end.
     """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(check_threads(default_threads() if threads is None else threads))
+    try:
+        return _simulate(
+            model, x, y, algorithm=algorithm, workers=workers, lr=lr, momentum=momentum,
+            weight_decay=weight_decay, epochs=epochs, batch_size=batch_size, loss_fn=loss_fn,
+            timing=timing, timing_params=timing_params, warmup_epochs=warmup_epochs,
+            decay_epochs=decay_epochs, seed=seed, callback=callback, **hparams,
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _simulate(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    *,
+    algorithm: str,
+    workers: int,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    epochs: float,
+    batch_size: int,
+    loss_fn: LossFn,
+    timing: str,
+    timing_params: dict[str, Any] | None,
+    warmup_epochs: float,
+    decay_epochs: Sequence[float],
+    seed: int,
+    callback: Callable[[Simulator], bool | None] | None,
+    **hparams: Any,
+) -> SimulationResult:
     names = algorithms.hparam_names(algorithm)
     if "momentum" in names:
         hparams.setdefault("momentum", momentum)

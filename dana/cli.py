@@ -16,15 +16,43 @@ from dana.train.options import HelpFormatter, add_train_options, collect_options
 
 __all__ = ["build_parser", "collect_options", "main"]
 
+#: Options that do not change a run's result: accepted with --resume.
+RUNTIME_OPTIONS = {"command", "func", "resume", "quiet", "threads", "out"}
+DEFAULT_OUT = "runs/latest"
+
+
+def resume_conflicts(args: argparse.Namespace) -> list[str]:
+    """The options given with --resume that would change the run (and --out)."""
+    given = [k for k in vars(args) if k not in RUNTIME_OPTIONS]
+    if getattr(args, "out", None) is not None:
+        given.append("out")
+    names = {"config_file": "config", "algo_param": "algo-param"}
+    flags = []
+    for key in sorted(given):
+        if key.startswith("timing."):
+            key = "timing-" + key[7:]
+        flags.append("--" + names.get(key, key.removeprefix("algo.")).replace("_", "-"))
+    return flags
+
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from dana.errors import DanaError
     from dana.train.config import TrainConfig
     from dana.train.progress import format_table
+    from dana.train.resources import use_threads
     from dana.train.rundir import RunDir
     from dana.train.runner import train
     from dana.version import __version__
 
+    use_threads(getattr(args, "threads", None))
     if args.resume:
+        given = resume_conflicts(args)
+        if given:
+            raise DanaError(
+                f"--resume continues the run in {args.resume} exactly as it was started, so "
+                f"it takes no {', '.join(given)}; to change them, start a new run from its "
+                f"settings: `dana train --config {args.resume}/config.json --out NEW ...`"
+            )
         run = RunDir(args.resume)
         values = run.read_config()
         if run.finished():
@@ -34,7 +62,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         out = run.path
     else:
         config = TrainConfig.from_dict(collect_options(args), "options")
-        out = args.out
+        out = args.out or DEFAULT_OUT
     summary = train(
         config, out, resume=bool(args.resume), progress=not args.quiet, version=__version__
     )
@@ -82,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_train_options(p)
     p.add_argument(
-        "--out", default="runs/latest", help="run directory to write (default: runs/latest)"
+        "--out",
+        default=None,
+        help=f"run directory to write: new, or empty (default: {DEFAULT_OUT})",
     )
     p.add_argument(
         "--resume",

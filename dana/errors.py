@@ -29,3 +29,8 @@ class FaultError(Exception):
     """A fault the run could not survive (a lost parameter-server shard, a lost node): not
     bad input. The command line prints the message (it says how to continue, usually
     ``dana train --resume``) and exits with status 4."""
+
+
+class WriteError(DanaError, OSError):
+    """A file could not be written (a full disk, no permission); nothing half-written is
+    left, and a file it was to replace is kept as it was."""

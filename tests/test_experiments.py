@@ -378,10 +378,14 @@ def test_also_grids_add_cells_in_run_order_and_rows_skip_defaults(tmp_path):
 def test_linear_scaling_multiplies_the_peak_rate_after_a_warm_up_from_lr():
     from dana.train.runner import build_schedule
 
-    config = TrainConfig(workers=8, lr=0.01, warmup_epochs=5, lr_scaling="linear").validate()
-    schedule = build_schedule(config)
+    config = TrainConfig(
+        workers=8, lr=0.01, warmup_epochs=5, lr_decay_epochs=[], lr_scaling="linear"
+    ).validate()
+    schedule = build_schedule(config, 100)
     assert schedule(0.0) == pytest.approx(0.01) and schedule(5.0) == pytest.approx(0.08)
-    assert build_schedule(TrainConfig(workers=8, lr=0.01, warmup_epochs=5))(5.0) == 0.01
+    assert (
+        build_schedule(TrainConfig(workers=8, lr=0.01, warmup_epochs=5, epochs=9), 100)(5.0) == 0.01
+    )
     with pytest.raises(ConfigError, match="lr-scaling"):
         TrainConfig(lr_scaling="sqrt").validate()
 
@@ -440,3 +444,22 @@ def test_sweep_runs_the_further_seeds_it_finds_due(tmp_path):
     third = out / "runs" / "asgd_k2_s2" / "summary.json"
     assert third.is_file() == (errors[0] != errors[1])
     assert "asgd_k2_s2" in (out / "sweep.log").read_text() or errors[0] == errors[1]
+
+
+def test_automatic_warm_up_and_decay():
+    """Unset, the warm-up gives every worker 60 steps (60*k updates) within [1/8, 2/3]
+    of the run, and the rate decays once, at 9/10 of it."""
+    from dana.train.runner import build_schedule
+
+    config = TrainConfig(workers=16, epochs=3).validate()
+    assert config.warmup_epochs is None and config.lr_decay_epochs is None
+    assert config.warmup_epochs_for(468) == 2.0  # 60*16/468 = 2.05, capped at 2/3 of 3
+    assert config.warmup_epochs_for(4680) == 3 / 8  # 960 updates is under 1/8 of the run
+    assert TrainConfig(workers=16, epochs=12).warmup_epochs_for(468) == pytest.approx(960 / 468)
+    assert TrainConfig(workers=1, epochs=40).warmup_epochs_for(234) == 5.0  # 1/8 of 40
+    assert config.decay_epochs_for() == [pytest.approx(2.7)]
+    schedule = build_schedule(config, 468)
+    assert schedule(0.0) == pytest.approx(0.005 / 16) and schedule(2.0) == 0.005
+    assert schedule(2.71) == pytest.approx(0.0005)
+    given = TrainConfig(workers=16, epochs=3, warmup_epochs=1, lr_decay_epochs=[]).validate()
+    assert given.warmup_epochs_for(468) == 1 and given.decay_epochs_for() == []

@@ -268,6 +268,12 @@ def load_dataset(
     _check_size("test_size", test_size, test_x.shape[0])
     train_x, train_y = train_x[:train_size], train_y[:train_size].clone()
     test_x, test_y = test_x[:test_size], test_y[:test_size].clone()
+    for split, count in (("training", train_x.shape[0]), ("test", test_x.shape[0])):
+        if count == 0:
+            raise DataError(
+                f"{name}: the {split} set is empty (0 examples{f' in {data_dir}' if data_dir else ''}); "
+                "give a --data-dir whose files hold examples"
+            )
     train_x, test_x, (mean, std) = _normalise(train_x, test_x)
     return Dataset(
         name=name,

@@ -6,10 +6,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from dana.errors import EXIT_ERROR, EXIT_OK
-from dana.train.options import add_train_options, collect_options
+from dana.train.options import add_train_options, collect_options, yaml_value
 
 if TYPE_CHECKING:
     from dana.experiments.grid import SweepSpec
@@ -37,7 +35,7 @@ def _grid_axis(text: str) -> tuple[str, list[Any]]:
     key, sep, values = text.partition("=")
     if not sep or not key or not values:
         raise argparse.ArgumentTypeError(f"expected OPTION=V1,V2,..., got {text!r}")
-    return canonical_key(key), [yaml.safe_load(v) for v in values.split(",")]
+    return canonical_key(key), [yaml_value(v) for v in values.split(",")]
 
 
 def _percent(text: str) -> float:
@@ -123,6 +121,15 @@ def add_sweep_parser(sub) -> None:
         help="continue the sweep recorded in DIR/sweep.json (same as rerunning its command)",
     )
     run.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
+    run.add_argument(
+        "--threads",
+        dest="threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the number of CPU threads each run uses, as `dana train --threads` (default: "
+        "the cores divided by --jobs, or OMP_NUM_THREADS where set; 0: one per core)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument(
         "--keep-checkpoints",
@@ -182,9 +189,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from dana.errors import ConfigError
     from dana.experiments.layout import SweepDir
     from dana.experiments.sweep import plan, run_sweep
+    from dana.train.resources import check_threads
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.threads is not None:
+        check_threads(args.threads)
     spec = sweep_spec(args)
     if spec.fixed.get("mlflow"):  # every run would fail without it: say so once, now
         from dana.train.tracking import import_mlflow
@@ -199,7 +209,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"{len(cells)} runs into {out}")
         return EXIT_OK
     result = run_sweep(
-        spec, out, jobs=args.jobs, progress=not args.quiet, keep_checkpoints=args.keep_checkpoints
+        spec,
+        out,
+        jobs=args.jobs,
+        progress=not args.quiet,
+        keep_checkpoints=args.keep_checkpoints,
+        threads=args.threads,
     )
     print(
         f"dana sweep: {len(result.status)} runs in {out}: {result.count('finished')} finished, "

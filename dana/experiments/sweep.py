@@ -2,13 +2,16 @@
 
 Each cell runs ``python -m dana.cli train --config OUT/cells/NAME.json --out
 OUT/runs/NAME --quiet`` (or ``train --resume OUT/runs/NAME`` when it left a checkpoint),
-with ``OMP_NUM_THREADS = cores // jobs`` (or the value the environment already sets).
-Its output goes to ``OUT/logs/NAME.log``.
+with ``--threads T``, ``T = cores // jobs`` (or the value ``OMP_NUM_THREADS`` already
+sets, or the sweep's own ``--threads``). Its output goes to ``OUT/logs/NAME.log``.
 
 - A finished cell (``summary.json`` present) is skipped: rerunning a sweep only runs
   what is missing, and adding seeds or worker counts to a grid only runs the new cells.
   A run that finishes has its checkpoint deleted, unless ``keep_checkpoints``.
-- An interrupted cell continues from its checkpoint, or restarts when it has none.
+- An interrupted cell continues from its checkpoint, or restarts when it has none: its
+  run directory's files (those ``dana train`` writes) are removed first, and nothing
+  else is: a cell whose directory holds files the program did not write fails, naming
+  them, and they stay.
 - A cell that fails (exit 1 or 2) or diverges (exit 3) is recorded in ``sweep.log`` and
   ``sweep.json``; the others run on.
 - SIGINT/SIGTERM stop the running cells (they keep their checkpoints) and exit 130; if
@@ -20,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +37,7 @@ from dana.atomic import write_text_atomic
 from dana.experiments.grid import Cell, SweepSpec, expand
 from dana.experiments.layout import FINISHED, RESTART, RESUMABLE, SweepDir
 from dana.train.config import TrainConfig
+from dana.train.resources import check_threads
 
 #: ``dana train``'s exit statuses, as a sweep records them.
 OUTCOMES = {0: "finished", 3: "diverged", 2: "bad-input", 1: "error", 130: "interrupted"}
@@ -132,16 +135,18 @@ def run_sweep(
     jobs: int = 1,
     progress: bool = True,
     keep_checkpoints: bool = False,
+    threads: int | None = None,
 ) -> SweepResult:
     """Run every cell of ``spec`` into the results directory ``out`` (see the module doc).
 
-    A finished run's ``checkpoint.pt`` is deleted unless ``keep_checkpoints``."""
+    A finished run's ``checkpoint.pt`` is deleted unless ``keep_checkpoints``. Each run
+    uses ``threads`` CPU threads (default :func:`threads_per_job`)."""
     sweep = SweepDir(out)
     cells = plan(spec, sweep)
     sweep.acquire()
     result = SweepResult()
     try:
-        _Runner(spec, sweep, cells, jobs, progress, result, keep_checkpoints).run()
+        _Runner(spec, sweep, cells, jobs, progress, result, keep_checkpoints, threads).run()
     finally:
         sweep.release()
     return result
@@ -159,11 +164,12 @@ class _Runner:
         progress: bool,
         result: SweepResult,
         keep_checkpoints: bool = False,
+        threads: int | None = None,
     ):
         self.spec, self.sweep, self.cells, self.result = spec, sweep, cells, result
         self.keep_checkpoints = keep_checkpoints
         self.jobs = max(1, jobs)
-        self.threads = threads_per_job(self.jobs)
+        self.threads = threads_per_job(self.jobs) if threads is None else check_threads(threads)
         self.running: dict[str, _Job] = {}
         self.bar = (
             tqdm(total=len(cells), desc="sweep", unit="run", file=sys.stderr, dynamic_ncols=True)
@@ -218,11 +224,15 @@ class _Runner:
             mode = "resume from checkpoint"
         else:
             if state == RESTART:
-                shutil.rmtree(run.path)  # an interrupted run without a checkpoint
+                left = run.remove_own()  # an interrupted run without a checkpoint
+                if left:
+                    self._refuse(cell, left)
+                    return
             cell_file = self.sweep.cell_file(cell)
             write_text_atomic(cell_file, _json(cell.config().to_dict()))
             args = ["train", "--config", str(cell_file), "--out", str(run.path), "--quiet"]
             mode = "restart" if state == RESTART else "start"
+        args += ["--threads", str(self.threads)]
         self.sweep.logs.mkdir(parents=True, exist_ok=True)
         output = self.sweep.output_file(cell).open("ab")
         env = {
@@ -241,6 +251,19 @@ class _Runner:
         self.running[cell.name] = _Job(cell, process, output, time.monotonic())
         self.result.status[cell.name] = "running"
         self.sweep.log(f"{mode} {cell.name} (pid {process.pid})")
+        self._record()
+
+    def _refuse(self, cell: Cell, left: list[Path]) -> None:
+        """Fail ``cell`` without running it: its run directory holds others' files."""
+        names = ", ".join(p.name for p in left[:5]) + (" ..." if len(left) > 5 else "")
+        message = (
+            f"failed {cell.name}: {self.sweep.run_dir(cell).path} holds files dana did not "
+            f"write ({names}); they are kept: move them away and rerun the sweep"
+        )
+        self.result.status[cell.name] = "failed"
+        self.sweep.log(message)
+        if self.bar is not None:
+            self.bar.write(f"dana sweep: {message}", file=sys.stderr)
         self._record()
 
     def _more_seeds(self) -> list[Cell]:

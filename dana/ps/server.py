@@ -146,7 +146,7 @@ class ShardServer:
         self.master = algorithm.master(torch.from_numpy(params), self.k)  # (a copy)
         self._plain_pull = type(self.master).pull is MasterRule.pull  # pull == copy theta
         self._out = None if self._plain_pull else torch.empty_like(self.master.theta)
-        self.schedule = build_schedule(cfg)
+        self.schedule = build_schedule(cfg, batches_per_epoch)
         self.batches_per_epoch = batches_per_epoch
         self.end = end
         self.clock_zero = time.time()  # reset by begin()

@@ -48,7 +48,7 @@ class SimRun:
             problem.gradient,
             self.batches,
             config.workers,
-            lr=build_schedule(config),
+            lr=build_schedule(config, self.batches.batches_per_epoch),
             weight_decay=config.weight_decay,
             timing=config.timing,
             timing_params=config.timing_params,

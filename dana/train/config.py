@@ -4,11 +4,19 @@ A run's ``config.json`` holds a :class:`TrainConfig` (and the package version), 
 ``dana train --config config.json`` reruns it. Values are validated in
 :meth:`TrainConfig.validate`, which raises :class:`~dana.errors.ConfigError` naming the
 bad option and what it accepts.
+
+Every option's type and range is in one place, :data:`SCHEMA` (one :class:`Rule` per
+field; a check at import keeps it and the fields in step), with strict types: a
+boolean is true or false, never the string "no"; an integer is not a float; a number
+is finite. A small table rather than pydantic: the messages name the command-line flag
+(``--workers must be an integer >= 1, got 0``) and the same rules serve a config file,
+a sweep cell and the command line, with no new dependency.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 from dataclasses import dataclass, field
@@ -25,6 +33,11 @@ from dana.train.timing import TIMING_MODELS
 
 BACKENDS = tuple(RUNNERS)
 LR_SCALINGS = ("none", "linear")
+#: The automatic warm-up gives each worker this many steps (the paper's protocol gives
+#: ~61 at k = 32); see TrainConfig.warmup_epochs_for.
+AUTO_WARMUP_STEPS = 60
+#: The automatic decay (x lr_decay_factor) comes at this fraction of the run.
+AUTO_DECAY_AT = 0.9
 DTYPES = ("float32", "float64")
 
 
@@ -48,9 +61,9 @@ class TrainConfig:
     lr: float = 0.005
     momentum: float = 0.9
     weight_decay: float = 1e-4
-    lr_decay_epochs: list[float] = field(default_factory=list)
+    lr_decay_epochs: list[float] | None = None  # None: auto, see decay_epochs_for()
     lr_decay_factor: float = 0.1
-    warmup_epochs: float = 1.0
+    warmup_epochs: float | None = None  # None: auto, see warmup_epochs_for()
     lr_scaling: str = "none"
     timing: str = "gamma"
     timing_params: dict[str, Any] = field(default_factory=dict)
@@ -104,6 +117,23 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def warmup_epochs_for(self, batches_per_epoch: int) -> float:
+        """The warm-up's length in epochs: ``warmup_epochs``, or when it is None (the
+        default) enough updates for every worker to take :data:`AUTO_WARMUP_STEPS` steps
+        during it (``AUTO_WARMUP_STEPS * workers`` updates), but at least 1/8 of the run
+        and at most 2/3 of it (the long-schedule study's shape: docs/RESULTS.md)."""
+        if self.warmup_epochs is not None:
+            return float(self.warmup_epochs)
+        epochs = AUTO_WARMUP_STEPS * self.workers / max(1, batches_per_epoch)
+        return min(max(epochs, self.epochs / 8), 2 * self.epochs / 3)
+
+    def decay_epochs_for(self) -> list[float]:
+        """The epochs where the rate decays: ``lr_decay_epochs``, or when it is None (the
+        default) once, at :data:`AUTO_DECAY_AT` of the run."""
+        if self.lr_decay_epochs is not None:
+            return [float(e) for e in self.lr_decay_epochs]
+        return [AUTO_DECAY_AT * self.epochs]
+
     def peak_lr(self) -> float:
         """The rate after warm-up, before decay: ``lr``, or ``lr * workers`` with the
         linear-scaling rule (``lr_scaling: linear``; Goyal et al. 2017)."""
@@ -124,68 +154,42 @@ class TrainConfig:
 
     # -- validation ---------------------------------------------------------------------
     def validate(self) -> TrainConfig:
+        """Check every option against :data:`SCHEMA`, then the rules between options.
+
+        Raises :class:`ConfigError` naming the first bad option, what it accepts and
+        what it got."""
+        for name, rule in SCHEMA.items():
+            rule.check(name, getattr(self, name))
         if self.algorithm not in algorithms.ALGORITHMS:
             raise ConfigError(
                 f"--algorithm {self.algorithm!r} is unknown; choose one of: "
                 f"{', '.join(algorithms.ALGORITHMS)} (see `dana algorithms`)"
             )
-        _integer("workers", self.workers, 1)
-        _integer("batch_size", self.batch_size, 1)
-        _integer("seed", self.seed, 0)
-        _integer("servers", self.servers, 1)
-        if self.max_staleness is not None:
-            _integer("max_staleness", self.max_staleness, 0)
-        for name in ("train_size", "test_size"):
-            if getattr(self, name) is not None:
-                _integer(name, getattr(self, name), 1)
-        _number("epochs", self.epochs, low=0, strict=True)
-        _number("lr", self.lr, low=0, strict=True)
-        _number("momentum", self.momentum, low=0)
         if self.momentum >= 1:
             raise ConfigError(f"--momentum must be in [0, 1), got {self.momentum!r}")
-        _number("weight_decay", self.weight_decay, low=0)
-        _number("warmup_epochs", self.warmup_epochs, low=0)
-        _number("eval_every", self.eval_every, low=0, strict=True)
-        _number("checkpoint_every", self.checkpoint_every, low=0)
-        _number("time_scale", self.time_scale, low=0)
-        _number("lr_decay_factor", self.lr_decay_factor, low=0, strict=True)
-        if self.lr_decay_factor > 1:
-            raise ConfigError(f"--lr-decay-factor must be in (0, 1], got {self.lr_decay_factor}")
-        if not isinstance(self.lr_decay_epochs, list) or any(
-            not isinstance(e, int | float) or isinstance(e, bool) or e <= 0
-            for e in self.lr_decay_epochs
+        if self.lr_decay_epochs is not None and self.lr_decay_epochs != sorted(
+            self.lr_decay_epochs
         ):
-            raise ConfigError(
-                f"--lr-decay-epochs must be positive numbers, got {self.lr_decay_epochs!r}"
-            )
-        if self.lr_decay_epochs != sorted(self.lr_decay_epochs):
             raise ConfigError(f"--lr-decay-epochs must increase, got {self.lr_decay_epochs!r}")
-        if self.lr_scaling not in LR_SCALINGS:
-            raise ConfigError(
-                f"--lr-scaling {self.lr_scaling!r} is unknown; choose one of: "
-                f"{', '.join(LR_SCALINGS)}"
-            )
-        if self.timing not in TIMING_MODELS:
-            raise ConfigError(
-                f"--timing {self.timing!r} is unknown; choose one of: {', '.join(TIMING_MODELS)}"
-            )
-        for name in ("timing_params", "algorithm_params"):
-            if not isinstance(getattr(self, name), dict):
-                raise ConfigError(f"{name} must be a mapping, got {getattr(self, name)!r}")
-        if self.backend not in BACKENDS:
-            raise ConfigError(
-                f"--backend {self.backend!r} is unknown; choose one of: {', '.join(BACKENDS)}"
-            )
-        if self.dtype not in DTYPES:
-            raise ConfigError(
-                f"--dtype {self.dtype!r} is unknown; choose one of: {', '.join(DTYPES)}"
-            )
+        for name, every in (
+            ("eval_every", self.eval_every),
+            ("checkpoint_every", self.checkpoint_every),
+        ):
+            if every > 0 and self.epochs / every > MAX_STOPS:
+                flag = name.replace("_", "-")
+                raise ConfigError(
+                    f"--epochs {self.epochs:g} with --{flag} {every:g} asks for "
+                    f"{self.epochs / every:.3g} {'evaluation' if name == 'eval_every' else 'checkpoint'} points; at most "
+                    f"{MAX_STOPS:,} are allowed: raise --{flag} to at least "
+                    f"{self.epochs / MAX_STOPS:.3g}"
+                )
         if self.servers > 1 and not algorithms.get(self.algorithm).elementwise:
             raise ConfigError(
                 f"--servers {self.servers}: {self.algorithm}'s master rule is not "
                 "element-wise (its state depends on the whole vector), so it cannot be split "
                 "into shards; use --servers 1"
             )
+        _check_algorithm_params(self.algorithm, self.algorithm_params)
         self.build_algorithm()
         return self
 
@@ -204,18 +208,163 @@ class TrainConfig:
         return algorithm
 
 
-def _integer(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
+#: The most evaluation (or checkpoint) points one run may ask for: each is a row of
+#: metrics.csv and a stop of the loop; 1e5 is far past any useful curve.
+MAX_STOPS = 100_000
+#: The longest run, in epochs: far past any protocol (the paper's longest is 200).
+MAX_EPOCHS = 1_000_000
+#: Seeds go to torch, numpy and derived generators (seed + a constant): 32 bits suffice.
+MAX_SEED = 2**32 - 1
 
 
-def _number(name: str, value: Any, low: float, strict: bool = False) -> None:
-    ok = (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and (value > low if strict else value >= low)
-    )
-    if not ok:
-        op = ">" if strict else ">="
-        raise ConfigError(f"--{name.replace('_', '-')} must be a number {op} {low}, got {value!r}")
+@dataclass(frozen=True)
+class Rule:
+    """The type and range of one option: ``kind`` is int, float, bool, str, list or dict;
+    numbers lie in ``[low, high]`` (``(low, high]`` when ``open_low``); ``choices``
+    (a tuple) lists the accepted strings; ``optional``: None is accepted too.
+
+    Types are strict: a boolean is ``true`` or ``false`` (the string "no" is refused,
+    not read as true), an integer is not a float or a boolean, a number is finite."""
+
+    kind: type
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    choices: tuple[str, ...] = ()
+    optional: bool = False
+
+    def check(self, name: str, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        flag = "--" + name.replace("_", "-")
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(
+                    f"{flag} must be true or false, got {value!r}"
+                    + (
+                        " (a string; write true or false without quotes)"
+                        if isinstance(value, str)
+                        else ""
+                    )
+                )
+        elif self.kind is int:
+            if isinstance(value, bool) or not isinstance(value, int) or not self._in_range(value):
+                raise ConfigError(f"{flag} must be an integer {self._range()}, got {value!r}")
+        elif self.kind is float:
+            ok = (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and self._in_range(value)
+            )
+            if not ok:
+                hint = _number_hint(value)
+                raise ConfigError(f"{flag} must be a number {self._range()}, got {value!r}{hint}")
+        elif self.kind is str:
+            if not isinstance(value, str):
+                raise ConfigError(f"{flag} must be a string, got {value!r}")
+            if self.choices and value not in self.choices:
+                raise ConfigError(
+                    f"{flag} {value!r} is unknown; choose one of: {', '.join(self.choices)}"
+                )
+        elif self.kind is list:
+            if not isinstance(value, list) or any(
+                not isinstance(e, int | float)
+                or isinstance(e, bool)
+                or not math.isfinite(e)
+                or not self._in_range(e)
+                for e in value
+            ):
+                raise ConfigError(f"{flag} must be positive numbers, got {value!r}")
+        elif self.kind is dict:
+            if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+                raise ConfigError(f"{name} must be a mapping of name: value, got {value!r}")
+
+    def _in_range(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.open_low else value < self.low):
+            return False
+        return self.high is None or value <= self.high
+
+    def _range(self) -> str:
+        if self.low is None:
+            return ""
+        low, op = _num(self.low), (">" if self.open_low else ">=")
+        if self.high is None:
+            return f"{op} {low}"
+        return f"in {'(' if self.open_low else '['}{low}, {_num(self.high)}]"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+
+def _number_hint(value: Any) -> str:
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return ""
+        return " (a string: in YAML a number in exponent form needs a dot, e.g. 1.0e-4)"
+    return ""
+
+
+#: Every option's type and range, in one place (:meth:`TrainConfig.validate`).
+SCHEMA: dict[str, Rule] = {
+    "algorithm": Rule(str),
+    "workers": Rule(int, low=1),
+    "dataset": Rule(str),  # the name is checked where it loads (any case)
+    "data_dir": Rule(str, optional=True),
+    "train_size": Rule(int, low=1, optional=True),
+    "test_size": Rule(int, low=1, optional=True),
+    "augment": Rule(bool, optional=True),
+    "model": Rule(str),
+    "epochs": Rule(float, low=0, high=MAX_EPOCHS, open_low=True),
+    "batch_size": Rule(int, low=1),
+    "lr": Rule(float, low=0, open_low=True),
+    "momentum": Rule(float, low=0),
+    "weight_decay": Rule(float, low=0),
+    "lr_decay_epochs": Rule(list, low=0, open_low=True, optional=True),
+    "lr_decay_factor": Rule(float, low=0, high=1, open_low=True),
+    "warmup_epochs": Rule(float, low=0, optional=True),
+    "lr_scaling": Rule(str, choices=LR_SCALINGS),
+    "timing": Rule(str, choices=tuple(TIMING_MODELS)),
+    "timing_params": Rule(dict),
+    "max_staleness": Rule(int, low=0, optional=True),
+    "algorithm_params": Rule(dict),
+    "seed": Rule(int, low=0, high=MAX_SEED),
+    "eval_every": Rule(float, low=0, open_low=True),
+    "checkpoint_every": Rule(float, low=0),
+    "tensorboard": Rule(bool),
+    "mlflow": Rule(str, optional=True),
+    "mlflow_experiment": Rule(str),
+    "dtype": Rule(str, choices=DTYPES),
+    "backend": Rule(str, choices=BACKENDS),
+    "address": Rule(str, optional=True),
+    "servers": Rule(int, low=1),
+    "time_scale": Rule(float, low=0),
+}
+
+
+def _check_algorithm_params(name: str, params: dict[str, Any]) -> None:
+    """A hyper-parameter declared ``bool`` must be a boolean, one declared ``float`` or
+    ``int`` a finite number (the constructor's annotations say which)."""
+    signature = inspect.signature(algorithms.get(name).__init__)
+    for key, value in params.items():
+        param = signature.parameters.get(key)
+        if param is None:
+            continue  # an unknown name: algorithms.build says which it takes
+        kind = str(param.annotation)
+        if kind in ("bool", "<class 'bool'>") and not isinstance(value, bool):
+            raise ConfigError(f"{name}: hyper-parameter {key} must be true or false, got {value!r}")
+        if kind in ("float", "int", "<class 'float'>", "<class 'int'>") and not (
+            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        ):
+            raise ConfigError(
+                f"{name}: hyper-parameter {key} must be a number, got {value!r}"
+                + _number_hint(value)
+            )
+
+
+_missing = {f.name for f in dataclasses.fields(TrainConfig)} ^ set(SCHEMA)
+if _missing:  # a field added without its rule, or a rule without its field
+    raise RuntimeError(f"SCHEMA and TrainConfig disagree on {sorted(_missing)}")

@@ -28,6 +28,17 @@ def _defaults() -> dict[str, Any]:
     return {f.name: getattr(TrainConfig(), f.name) for f in dataclasses.fields(TrainConfig)}
 
 
+#: What an unset option means, for the options whose default is computed.
+AUTO_DEFAULTS = {
+    "warmup_epochs": "auto: 60 steps per worker (60*k updates), within 1/8 and 2/3 of the run",
+    "lr_decay_epochs": "auto: once, at 9/10 of the run",
+}
+
+
+def _default_text(dest: str, value: Any) -> Any:
+    return AUTO_DEFAULTS[dest] if value is None and dest in AUTO_DEFAULTS else value
+
+
 def _floats(text: str) -> list[float]:
     try:
         return [float(x) for x in text.replace(",", " ").split()]
@@ -36,12 +47,24 @@ def _floats(text: str) -> list[float]:
 
 
 def _key_value(text: str) -> tuple[str, Any]:
-    import yaml
-
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.replace("-", "_"), yaml.safe_load(value)
+    return key.replace("-", "_"), yaml_value(value)
+
+
+def yaml_value(text: str) -> Any:
+    """``text`` read as one YAML value (a number, true/false, a string, ...); an
+    ArgumentTypeError for what plain YAML cannot read (a ``!!python`` tag, say)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise argparse.ArgumentTypeError(
+            f"cannot read {text!r}: {problem}; give a plain number, true/false or a string"
+        ) from None
 
 
 # (option, dest in TrainConfig, type, help); defaults come from TrainConfig.
@@ -134,7 +157,11 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     S = argparse.SUPPRESS
     for flag, dest, type_, help_ in TRAIN_OPTIONS:
         parser.add_argument(
-            flag, dest=dest, type=type_, default=S, help=f"{help_} (default: {defaults[dest]})"
+            flag,
+            dest=dest,
+            type=type_,
+            default=S,
+            help=f"{help_} (default: {_default_text(dest, defaults[dest])})",
         )
     parser.add_argument(
         "--augment",
@@ -149,6 +176,18 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         default=S,
         help="do not augment training images",
+    )
+    parser.add_argument(
+        "--threads",
+        dest="threads",
+        type=int,
+        default=S,
+        metavar="N",
+        help="the number of CPU threads the run uses (torch's intra-op threads; 0: one per "
+        "core). A run's result does not depend on it, so it is not saved in config.json and "
+        "may be given with --resume. The default, 1 (or OMP_NUM_THREADS where set), holds "
+        "up when other processes keep cores busy: more threads spin-wait against them "
+        "(docs/BENCHMARKS.md)",
     )
     parser.add_argument(
         "--tensorboard",
@@ -207,8 +246,8 @@ def collect_options(args: argparse.Namespace) -> dict[str, Any]:
     values: dict[str, Any] = {}
     if "config_file" in given:
         values.update(TrainConfig.from_file(given["config_file"]))
-    timing = dict(values.get("timing_params") or {})
-    algo = dict(values.get("algorithm_params") or {})
+    timing: dict[str, Any] = {}
+    algo: dict[str, Any] = {}
     for key, value in given.items():
         if key.startswith("timing."):
             timing[key[7:]] = value
@@ -219,7 +258,16 @@ def collect_options(args: argparse.Namespace) -> dict[str, Any]:
         elif key in {f.name for f in dataclasses.fields(TrainConfig)}:
             values[key] = value
     if timing:
-        values["timing_params"] = timing
+        values["timing_params"] = _merged(values, "timing_params", timing)
     if algo:
-        values["algorithm_params"] = algo
+        values["algorithm_params"] = _merged(values, "algorithm_params", algo)
     return values
+
+
+def _merged(values: dict[str, Any], name: str, given: dict[str, Any]) -> Any:
+    """The file's ``name`` mapping updated with the command line's; a file's value that
+    is no mapping is kept as it is, for validation to name."""
+    held = values.get(name)
+    if held is None:
+        return given
+    return {**held, **given} if isinstance(held, dict) else held

@@ -9,6 +9,11 @@
   loaded with ``torch.load(weights_only=True)``: no arbitrary unpickling).
 - ``step_times.csv``: (Ray runs) each worker's measured step times, in the format the
   simulator's ``trace`` timing model replays.
+- ``dist.json`` (Ray runs) and ``tensorboard/`` (with ``--tensorboard``).
+
+Other people's files are safe: a new run goes only into a new or empty directory
+(:meth:`RunDir.check_new`), and :meth:`RunDir.remove_own` removes only the files named
+here (and the temporary files of their interrupted writes), never anything else.
 """
 
 from __future__ import annotations
@@ -17,13 +22,34 @@ import csv
 import io
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dana.atomic import atomic_path, write_atomic, write_text_atomic
-from dana.errors import DanaError
+from dana.atomic import (
+    atomic_path,
+    remove_temporaries,
+    temporaries,
+    write_atomic,
+    write_text_atomic,
+)
+from dana.errors import DanaError, WriteError
+
+#: The files a run directory holds, all written by ``dana train``.
+RUN_FILES = (
+    "config.json",
+    "metrics.csv",
+    "summary.json",
+    "curves.png",
+    "checkpoint.pt",
+    "step_times.csv",
+    "dist.json",
+)
+TENSORBOARD = "tensorboard"
+#: The checkpoint's entry holding the run's settings (JSON of the TrainConfig).
+SETTINGS_KEY = "run_settings"
 
 METRICS_COLUMNS = (
     "epoch",
@@ -48,12 +74,95 @@ class RunDir:
         self.plot = self.path / "curves.png"
         self.checkpoint = self.path / "checkpoint.pt"
         self.step_times = self.path / "step_times.csv"
-        self.tensorboard = self.path / "tensorboard"
+        self.tensorboard = self.path / TENSORBOARD
         self._writer = None
         self.sinks: list = []  # more receivers of every metrics row (MLflow)
+        #: The run's settings as JSON, saved in every checkpoint (``--resume`` compares).
+        self.settings: str | None = None
 
     def holds_run(self) -> bool:
         return self.config.is_file()
+
+    # -- whose files --------------------------------------------------------------------
+    def own_files(self) -> list[Path]:
+        """What ``dana train`` wrote here: the run's files, the temporary files of their
+        interrupted writes, ``tensorboard/`` when it holds only TensorBoard event files."""
+        found = [self.path / n for n in RUN_FILES if (self.path / n).is_file()]
+        for name in RUN_FILES:
+            found += temporaries(self.path / name)
+        board = self.path / TENSORBOARD
+        if board.is_dir() and all(
+            p.is_file() and p.name.startswith("events.out.tfevents.") for p in board.iterdir()
+        ):
+            found.append(board)
+        return found
+
+    def foreign_files(self) -> list[Path]:
+        """What is here that ``dana train`` did not write."""
+        if not self.path.is_dir():
+            return []
+        own = set(self.own_files())
+        return sorted(p for p in self.path.iterdir() if p not in own)
+
+    def remove_temporaries(self) -> list[Path]:
+        """Remove the temporary files that writes cut short by a kill left behind."""
+        removed = []
+        for name in RUN_FILES:
+            removed += remove_temporaries(self.path / name)
+        return removed
+
+    def remove_own(self, keep_folder: bool = False) -> list[Path]:
+        """Remove what ``dana train`` wrote here (and the folder, if then empty, unless
+        ``keep_folder``); what is left: the files it did not write."""
+        for p in self.own_files():
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+        left = self.foreign_files()
+        if self.path.is_dir() and not left and not keep_folder:
+            self.path.rmdir()
+        return left
+
+    def check_new(self) -> None:
+        """DanaError unless a new run may go here: the folder is new, or empty but for
+        temporary files of our own interrupted writes (removed), and lies under folders."""
+        for parent in self.path.parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise DanaError(
+                        f"--out {self.path}: {parent} is a file, not a directory; choose an "
+                        "--out under a directory"
+                    )
+                break
+        if self.path.exists() and not self.path.is_dir():
+            raise DanaError(
+                f"--out {self.path} exists and is not a directory; choose another --out"
+            )
+        if self.holds_run():
+            raise DanaError(
+                f"{self.path} already holds a run; continue it with `dana train --resume "
+                f"{self.path}` or choose another --out"
+            )
+        self.remove_temporaries()
+        held = sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
+        if held:
+            shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+            raise DanaError(
+                f"--out {self.path} is not empty (it holds {shown}) and holds no run: "
+                "dana train writes only into a new or empty directory, so that it never "
+                "overwrites files it did not write; choose another --out"
+            )
+
+    def create(self) -> None:
+        """Make the folder (and its parents); DanaError if the system refuses."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise DanaError(
+                f"--out {self.path}: cannot create the directory: {e.strerror}; choose "
+                "another --out"
+            ) from None
 
     def finished(self) -> bool:
         return self.summary.is_file()
@@ -121,18 +230,48 @@ class RunDir:
         return json.loads(self.summary.read_text())
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
-        """Write the checkpoint; the previous one is replaced only once this one is whole."""
+        """Write the checkpoint, with the run's settings (:attr:`settings`) when set; the
+        previous one is replaced only once this one is whole (on a full disk it stays,
+        and a WriteError says so)."""
+        if self.settings is not None:
+            state = {**state, SETTINGS_KEY: self.settings}
         buf = io.BytesIO()
         torch.save(state, buf)
-        write_atomic(self.checkpoint, buf.getvalue())
+        try:
+            write_atomic(self.checkpoint, buf.getvalue())
+        except WriteError as e:
+            resume = (
+                f"; continue with `dana train --resume {self.path}`" if self.holds_run() else ""
+            )
+            raise WriteError(e.errno or 0, f"{e.strerror}{resume}") from None
 
     def load_checkpoint(self) -> dict[str, Any] | None:
-        if not self.checkpoint.is_file():
+        """The checkpoint's state; None if there is none. DanaError for a checkpoint.pt
+        that is not a file or not a checkpoint (never silently restart)."""
+        if not self.checkpoint.exists():
             return None
+        if not self.checkpoint.is_file():
+            raise DanaError(
+                f"{self.checkpoint} is not a file; move it away to restart the run from the "
+                "beginning, or put the checkpoint file back"
+            )
         try:
-            return torch.load(self.checkpoint, weights_only=True)
+            state = torch.load(self.checkpoint, weights_only=True)
         except Exception as e:  # a corrupt file: say which, never guess
-            raise DanaError(f"{self.checkpoint}: unreadable checkpoint ({e})") from None
+            raise DanaError(
+                f"{self.checkpoint}: unreadable checkpoint ({e}); move it away to restart "
+                "the run from the beginning"
+            ) from None
+        if not isinstance(state, dict):
+            raise self.bad_checkpoint(f"it holds a {type(state).__name__}, not a state")
+        return state
+
+    def bad_checkpoint(self, problem: str) -> DanaError:
+        """The error for a checkpoint that loads but does not fit the run."""
+        return DanaError(
+            f"{self.checkpoint} is not a checkpoint of this run: {problem}; move it away to "
+            "restart the run from the beginning, or put the run's own checkpoint back"
+        )
 
     def write_plot(self, rows: list[dict[str, float]], title: str) -> None:
         import matplotlib

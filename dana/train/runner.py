@@ -13,6 +13,7 @@ A NaN or infinite loss is a result, not a crash: the run stops, ``summary.json``
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +22,21 @@ from dana.train.backends import check_backend, runner_class
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
 from dana.train.progress import Progress
-from dana.train.rundir import RunDir
+from dana.train.resources import check_memory
+from dana.train.rundir import SETTINGS_KEY, RunDir
 from dana.train.schedule import LRSchedule
 
 
-def build_schedule(config: TrainConfig) -> LRSchedule:
+def build_schedule(config: TrainConfig, batches_per_epoch: int) -> LRSchedule:
     """Warm-up from ``peak/k`` to the peak rate, then step decay (``peak = lr``, or
-    ``lr * k`` with linear scaling: the warm-up then starts at the one-worker ``lr``)."""
+    ``lr * k`` with linear scaling: the warm-up then starts at the one-worker ``lr``);
+    an unset warm-up or decay takes the automatic one (TrainConfig.warmup_epochs_for,
+    decay_epochs_for)."""
     return LRSchedule(
         config.peak_lr(),
         config.workers,
-        config.warmup_epochs,
-        tuple(config.lr_decay_epochs),
+        config.warmup_epochs_for(batches_per_epoch),
+        tuple(config.decay_epochs_for()),
         config.lr_decay_factor,
     )
 
@@ -62,15 +66,18 @@ def train(
     progress: bool = True,
     version: str = "",
 ) -> dict[str, Any]:
-    """Run ``config`` into the run directory ``out`` (``resume``: continue it)."""
+    """Run ``config`` into the run directory ``out`` (``resume``: continue it).
+
+    A new run goes only into a new or empty directory; one that fails before its first
+    evaluation (bad input found late, an unreachable cluster) leaves nothing behind. A
+    resumed run removes the temporary files a kill inside a write left, and refuses a
+    checkpoint that does not fit its config.json."""
     run = RunDir(out)
-    if run.path.exists() and not run.path.is_dir():
-        raise DanaError(f"--out {run.path} exists and is not a directory; choose another --out")
-    if not resume and run.holds_run():
-        raise DanaError(
-            f"{run.path} already holds a run; continue it with `dana train --resume {run.path}` "
-            "or choose another --out"
-        )
+    if resume:
+        if run.path.exists() and not run.path.is_dir():
+            raise DanaError(f"--resume {run.path} is not a directory; give a run directory")
+    else:
+        run.check_new()
     config.validate()
     check_backend(config.backend)
     if config.mlflow:
@@ -79,34 +86,77 @@ def train(
         import_mlflow()
     algorithm = config.build_algorithm()
     problem = Problem(config)  # loads data and builds the model: bad input fails here
-    runner = runner_class(config.backend)(config, run, problem, algorithm)
+    if config.backend == "sim":
+        check_memory(config, problem.flat.d)
+    run.settings = json.dumps(config.to_dict(), sort_keys=True)
+    state = None
     if resume:
+        run.remove_temporaries()
         state = run.load_checkpoint()
-        if state is not None:
-            runner.load_state_dict(state)
-    else:
-        run.path.mkdir(parents=True, exist_ok=True)
-        run.write_config(config.to_dict(), version)
-    if config.tensorboard:
-        run.open_tensorboard()
+    created = not run.path.exists()
     tracker = None
-    if config.mlflow:
-        from dana.train.tracking import MlflowTracker
-
-        tracker = MlflowTracker(config.mlflow, config.mlflow_experiment, run.path, config.to_dict())
-        run.sinks.append(tracker)
-    title = f"{config.algorithm}, k={config.workers}, {config.model} on {config.dataset}"
     try:
-        summary = runner.execute(Progress(enabled=progress, desc=title))
-    except BaseException as e:
+        runner = runner_class(config.backend)(config, run, problem, algorithm)
+        if state is not None:
+            _check_settings(run, state.pop(SETTINGS_KEY, None), config)
+            try:
+                runner.load_state_dict(state)
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+                what = f"it lacks the entry {e}" if isinstance(e, KeyError) else str(e)
+                raise run.bad_checkpoint(what) from None
+        if not resume:
+            run.create()
+            run.write_config(config.to_dict(), version)
+        if config.tensorboard:
+            run.open_tensorboard()
+        if config.mlflow:
+            from dana.train.tracking import MlflowTracker
+
+            tracker = MlflowTracker(
+                config.mlflow, config.mlflow_experiment, run.path, config.to_dict()
+            )
+            run.sinks.append(tracker)
+        title = f"{config.algorithm}, k={config.workers}, {config.model} on {config.dataset}"
+        try:
+            summary = runner.execute(Progress(enabled=progress, desc=title))
+        except BaseException as e:
+            if tracker is not None:
+                tracker.fail(isinstance(e, KeyboardInterrupt))
+            raise
+        finally:
+            run.close()
+        run.write_summary(summary)
+        if runner.rows:
+            run.write_plot(runner.rows, title)
         if tracker is not None:
-            tracker.fail(isinstance(e, KeyboardInterrupt))
+            tracker.finish(summary)
+    except DanaError:
+        if not resume and not (run.checkpoint.is_file() or run.metrics.is_file()):
+            run.remove_own(keep_folder=not created)  # a failed start leaves nothing
         raise
-    finally:
-        run.close()
-    run.write_summary(summary)
-    if runner.rows:
-        run.write_plot(runner.rows, title)
-    if tracker is not None:
-        tracker.finish(summary)
     return summary
+
+
+def _check_settings(run: RunDir, saved: Any, config: TrainConfig) -> None:
+    """DanaError if ``config.json`` no longer holds the settings the checkpoint was
+    written with: a resumed run continues exactly the run it was (README, "Resuming")."""
+    if saved is None:
+        return  # a checkpoint of an older version: it holds no settings to compare
+    try:
+        held = json.loads(saved)
+    except (TypeError, ValueError):
+        raise run.bad_checkpoint("its run settings are unreadable") from None
+    if not isinstance(held, dict):
+        raise run.bad_checkpoint("its run settings are not a mapping")
+    now = config.to_dict()
+    defaults = TrainConfig().to_dict()
+    diff = sorted(k for k in now if held.get(k, defaults[k]) != now[k])
+    if diff:
+        shown = "; ".join(
+            f"{k}: {held.get(k, defaults[k])!r} at the checkpoint, {now[k]!r} now" for k in diff
+        )
+        raise DanaError(
+            f"{run.config} was edited after the checkpoint was written ({shown}). --resume "
+            "continues a run exactly as it was started: put those settings back, or start a "
+            f"new run with the edited settings: `dana train --config {run.config} --out NEW`"
+        )

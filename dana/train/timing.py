@@ -164,8 +164,12 @@ def read_trace(path: str | Path) -> list[list[float]]:
             worker, duration = row[0].strip(), float(row[1])
         except (IndexError, ValueError):
             raise DataError(f"{path}:{line}: expected 'worker,duration', got {row!r}") from None
-        if not (math.isfinite(duration) and duration > 0):
-            raise DataError(f"{path}:{line}: duration must be a positive number, got {row[1]!r}")
+        if not (math.isfinite(duration) and 0 < duration <= MAX_DURATION):
+            raise DataError(
+                f"{path}:{line}: duration must be a positive number at most {MAX_DURATION:g} "
+                f"(sums of larger ones overflow the simulated clock; rescale the trace), "
+                f"got {row[1]!r}"
+            )
         series.setdefault(worker, []).append(duration)
     if not series:
         raise DataError(f"{path}: the timing trace has no rows")
@@ -184,9 +188,22 @@ def _worker_key(worker: str) -> tuple[int, str]:
     return (int(worker), "") if worker.isdigit() else (1 << 62, worker)
 
 
+#: The longest step a timing model may give: the simulated clock sums durations, and a
+#: run of 1e12 steps of this length still stays finite (1e308 would overflow to inf).
+MAX_DURATION = 1e100
+
+
 def _positive(name: str, value: float) -> float:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise ConfigError(f"timing parameter {name} must be a positive number, got {value!r}")
+    if not (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 < value <= MAX_DURATION
+    ):
+        raise ConfigError(
+            f"timing parameter {name} must be a positive number at most {MAX_DURATION:g}, "
+            f"got {value!r}"
+        )
     return float(value)
 
 

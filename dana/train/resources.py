@@ -1,0 +1,148 @@
+"""What a run takes from the machine: CPU threads and memory.
+
+Threads (``--threads N``, ``dana.simulate(threads=N)``): the number of CPU threads the
+run uses, set with :func:`use_threads` before any work. The default is one (or
+``OMP_NUM_THREADS`` where the environment sets it). The
+simulator computes one gradient at a time, and torch's default (one intra-op thread per
+core) spin-waits against any other busy process: on a shared machine each step then
+runs many times slower (docs/BENCHMARKS.md, "Threads under load"). ``0`` means one per
+core.
+
+Memory (:func:`check_memory`): the simulator holds ``(k, d)`` per-worker state (what
+each worker computes at, the rule's per-worker vectors); :func:`state_bytes` counts it
+from the rule itself (its state at a small ``d``, for one and two workers) and the run
+is refused before it starts when the estimate exceeds the memory available.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from dana import algorithms
+from dana.errors import ConfigError
+
+DEFAULT_THREADS = 1
+MAX_THREADS = 1024
+_PROBE_D = 64  # a multiple of a cache line of float64 and float32: no row padding
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """``OMP_NUM_THREADS`` where the environment sets it, else :data:`DEFAULT_THREADS`."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() else DEFAULT_THREADS
+
+
+def check_threads(threads: Any) -> int:
+    """``threads`` as an int (0: one per core), or ConfigError."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads <= MAX_THREADS:
+        raise ConfigError(
+            f"--threads must be an integer in [0, {MAX_THREADS}] (0: one per core), got {threads!r}"
+        )
+    return threads or cores()
+
+
+def use_threads(threads: int | None = None) -> int:
+    """Make torch use ``threads`` intra-op threads (default :func:`default_threads`; 0:
+    one per core) and one inter-op thread; return the intra-op count.
+
+    Inter-op threads can be set only once per process, before any inter-op work; a
+    later call leaves them as they are."""
+    n = check_threads(default_threads() if threads is None else threads)
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass  # set before in this process (a second run, a test): it stays
+    return n
+
+
+def _state_size(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_state_size(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_state_size(v) for v in value)
+    return 0
+
+
+def state_bytes(
+    algorithm: str, hparams: dict[str, Any], workers: int, d: int, dtype: torch.dtype
+) -> int:
+    """Bytes of the simulator's state for ``workers`` workers of a ``d``-parameter model:
+    the rule's master and worker state and the simulator's ``(k, d)`` parameters sent.
+
+    The rule is built at a small ``d`` with one and two workers; its state grows
+    linearly in both, which gives the bytes per worker and the shared bytes."""
+    params = torch.zeros(_PROBE_D, dtype=dtype)
+
+    def size(k: int) -> int:
+        # the elastic-averaging rules are built for their k (their coefficient is beta/k)
+        algo = algorithms.build(
+            algorithm, **{**hparams, **({"workers": k} if "workers" in hparams else {})}
+        )
+        master = algo.master(params, k)
+        worker = algo.worker(k, _PROBE_D, dtype)
+        return _state_size(master.state_dict()) + _state_size(worker.state_dict())
+
+    one, two = size(1), size(2)
+    itemsize = params.element_size()
+    per_worker = (two - one) / _PROBE_D + itemsize  # + the parameters sent to it
+    shared = max(0.0, (one - (two - one)) / _PROBE_D)
+    return int(per_worker * workers * d + shared * d)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to this process (MemAvailable, within a cgroup limit);
+    None where the system does not say."""
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        if limit.isdigit() and available is not None:
+            available = min(available, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def check_memory(config: Any, d: int, available: int | None = None) -> int:
+    """ConfigError when the simulator's state for ``config`` (with checkpoints: twice it,
+    as a checkpoint serialises a copy) does not fit the memory available; the bytes."""
+    dtype = getattr(torch, config.dtype)
+    need = state_bytes(config.algorithm, config.algorithm_hparams(), config.workers, d, dtype)
+    peak = 2 * need if config.checkpoint_every > 0 else need
+    available = available_memory() if available is None else available
+    if available is not None and peak > available:
+        per_worker = need / config.workers / 2**20
+        raise ConfigError(
+            f"--workers {config.workers} of {config.model} ({d:,} parameters, {config.dtype}) "
+            f"need about {_gib(peak)} for the simulator's state ({per_worker:.1f} MiB per "
+            f"worker{', twice at a checkpoint' if peak > need else ''}); "
+            f"{_gib(available)} of memory is available: use at most "
+            f"{max(1, int(config.workers * available / peak)):,} workers or a smaller model"
+        )
+    return peak
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
