@@ -368,12 +368,12 @@ def test_failed_start_leaves_nothing(tmp_path, monkeypatch, capsys):
     wrote: the rerun is not told the directory already holds a run."""
     from dana.cli import main
     from dana.errors import DanaError
-    from dana.train import runner
+    from dana.sim.runner import SimRun
 
     def unreachable(self, progress):
         raise DanaError("cannot reach the Ray cluster at --address 10.0.0.1:6379")
 
-    monkeypatch.setattr(runner.SimRun, "execute", unreachable)
+    monkeypatch.setattr(SimRun, "execute", unreachable)
     out = tmp_path / "run"
     assert main(["train", *SMALL, "--out", str(out)]) == 2
     assert "cannot reach" in capsys.readouterr().err
