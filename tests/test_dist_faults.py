@@ -296,11 +296,10 @@ def test_a_local_run_listens_on_loopback_only(dana_ray, tmp_path):
     assert faults.sockets, "no listening socket found"
     outward = [s for s in faults.sockets if not is_loopback(s[0])]
     assert not outward, f"Ray listens beyond loopback: {outward}"
-    # Ray keeps its dashboard process for internal APIs, but without the dashboard: it
-    # serves nothing, and nothing listens on the dashboard's port.
-    dashboards = [p for p in descendants(os.getpid()) if "dashboard/dashboard.py" in command(p)]
-    assert all(s[2] not in dashboards for s in faults.sockets), "the dashboard serves"
-    assert all(s[1] != 8265 for s in faults.sockets)
+    # No dashboard: nothing listens on its port. (Ray keeps a minimal dashboard process
+    # for internal APIs; with ray[default] installed it holds a loopback gRPC socket,
+    # which the loopback check above covers: it serves no web page.)
+    assert all(s[1] != 8265 for s in faults.sockets), "the dashboard serves on 8265"
 
 
 def test_token_mode_without_a_token_is_a_clear_error(monkeypatch, tmp_path):
