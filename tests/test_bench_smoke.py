@@ -23,6 +23,7 @@ LAST_LINES = {
     "sim_overhead.py": r"overhead ratio [\d.]+",
     "train_throughput.py": r"throughput ratio [\d.]+",
     "ps_throughput.py": r"throughput vs ray example [\d.]+",
+    "threads_under_load.py": r"default slowdown [\d.]+x \((within|OVER) 2x\)",
 }
 NEEDS_RAY = {"ps_throughput.py"}
 
