@@ -14,7 +14,7 @@ average before and after is printed: on a machine shared with other work the fig
 move with it, so the runs alternate and the medians are compared.
 
 Run: ``python bench/threads_under_load.py`` (about 3 minutes on 2 cores);
-``--smoke`` runs a tiny model once in each condition (seconds; tests/test_bench_threads.py).
+``--smoke`` runs a tiny model once in each condition (seconds; tests/test_bench_smoke.py).
 """
 
 from __future__ import annotations
