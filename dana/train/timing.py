@@ -17,6 +17,10 @@ gives the same durations.
   ``worker,duration`` and one row per computation (the format every Ray run writes to
   ``step_times.csv``). Worker ``i`` replays the durations of trace worker
   ``i % m`` (``m`` workers in the file) in order, cycling when they run out.
+
+Every model also states each worker's mean step time (:meth:`TimingModel.mean_time`);
+:func:`relative_speeds` turns them into the speeds relative to the fastest worker that
+Dynamic Local Updates size each worker's local phase by.
 """
 
 from __future__ import annotations
