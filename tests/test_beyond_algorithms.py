@@ -551,6 +551,32 @@ def test_dynamic_local_phases_end_together_under_heterogeneous_timing():
     assert sim.workers.steps != [H] * 6
 
 
+def test_dynamic_local_updates_resume_exactly():
+    """The speeds are the runner's, not state: a resumed simulator sets them again."""
+
+    def build():
+        return make_simulator(
+            "local-sgd",
+            4,
+            problem,
+            lr=0.005,
+            timing="heterogeneous",
+            timing_params={"machine_cv": 0.5},
+            local_steps=6,
+            dynamic_steps=True,
+        )
+
+    problem = make_least_squares()
+    whole, part = build(), build()
+    whole.run(pushes=400)
+    part.run(pushes=150)
+    resumed = build()
+    resumed.load_state_dict(part.state_dict())
+    resumed.run(pushes=400)
+    assert resumed.workers.steps == whole.workers.steps != [6] * 4
+    assert torch.equal(resumed.params(), whole.params())
+
+
 def test_dynamic_local_updates_on_ray_need_emulated_speeds():
     from dana.errors import ConfigError
     from dana.train.config import TrainConfig
