@@ -4,7 +4,9 @@ delay-adaptive steps and linear weight prediction.
 
 Per rule: its zero-delay or one-worker reduction, a hand-written (or independently
 transcribed) check on a small problem, its validation errors, and a short simulator
-run; one real Ray run of a Local-SGD rule (marked ``ray``).
+run; Dynamic Local Updates (each worker's local steps from its speed): equal speeds are
+the plain rule, a slow worker's steps and phase by hand; real Ray runs of the Local-SGD
+rules (marked ``ray``).
 """
 
 from __future__ import annotations
