@@ -64,7 +64,7 @@ from dana.train.gate import StalenessGate, bounds_staleness
 from dana.train.pushlog import PushLog
 from dana.train.schedule import schedule_epoch
 from dana.train.step import GradientFn, WorkerStep
-from dana.train.timing import TimingModel, build_timing
+from dana.train.timing import TimingModel, build_timing, relative_speeds
 
 
 class Simulator:
@@ -137,6 +137,9 @@ class Simulator:
         d = params.numel()
         self.master = algorithm.master(params, self.k)
         self.workers = algorithm.worker(self.k, d, params.dtype)
+        if algorithm.uses_speed:  # Dynamic Local Updates: the timing model's mean speeds
+            for i, speed in enumerate(relative_speeds(self.timing)):
+                self.workers.set_speed(i, speed)
         self.worker_step = WorkerStep(self.workers, gradient, weight_decay)
         # the parameters each worker computes at
         self.sent = per_worker_zeros(self.k, d, params.dtype, params.device)
