@@ -45,7 +45,7 @@ import ray
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm
+from dana.algorithms.base import Algorithm, move_tensors
 from dana.ps.delay import StepDelay
 from dana.ps.layout import Layout
 from dana.ps.link import ServerLink
@@ -86,6 +86,11 @@ class Worker:
             algorithm = self.config.build_algorithm()
         dtype = getattr(torch, self.config.dtype)
         self.rule = algorithm.worker(1, d, dtype)
+        # (with --device cuda on a GPU node: compute there, exchange with the servers on
+        # the CPU)
+        self.device = self.problem.flat.flat.device
+        if self.device.type != "cpu":
+            move_tensors(self.rule, self.device)
         self.worker_step = WorkerStep(self.rule, self.problem.gradient, self.config.weight_decay)
         # Several shards: the workers call shard 0 only, which relays (and whose lost
         # peers the driver rebuilds under new names).
@@ -151,11 +156,14 @@ class Worker:
     def _step(self, params: Tensor, counts: Counter[str], exchange: bool) -> Tensor | None:
         """One gradient computation and its push; the next parameters (None: stop)."""
         started = time.perf_counter()
-        grad, loss = self.worker_step.gradient(0, params, self.stream.next())
+        grad, loss = self.worker_step.gradient(0, params.to(self.device), self.stream.next())
         message = self.worker_step.message(0, grad, self.lr)
         offset = self.rule.theta_offset(1.0) if self.sends_offset and message is not None else None
+        if self.device.type != "cpu":
+            message = None if message is None else message.cpu()
+            offset = None if offset is None else offset.cpu()
         buffers = (
-            {k: v.numpy() for k, v in self.problem.flat.buffers_state().items()}
+            {k: v.cpu().numpy() for k, v in self.problem.flat.buffers_state().items()}
             if self.has_buffers and message is not None
             else None
         )
