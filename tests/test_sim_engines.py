@@ -4,7 +4,15 @@ float64 rounding (batched) or bit for bit (threaded); checkpoints resume exactly
 
 from __future__ import annotations
 
+import csv
 import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -306,3 +314,54 @@ def test_cuda_train_end_to_end(tmp_path):
                          batch_workers="auto")  # fmt: skip
     summary = train(config, tmp_path / "run", progress=False)
     assert summary["pushes"] > 0 and summary["final_test_error"] < 1
+
+
+# -- dana train: kill and resume ---------------------------------------------------------
+
+SMALL = ["--dataset", "synthetic", "--model", "mlp", "--train-size", "512", "--test-size", "256",
+         "--batch-size", "32", "--quiet", "--algorithm", "dana-zero", "--workers", "6",
+         "--epochs", "40", "--eval-every", "5", "--checkpoint-every", "5"]  # fmt: skip
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _dana(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dana.cli", *args], capture_output=True,
+                          text=True, env=ENV, timeout=300)  # fmt: skip
+
+
+def _metrics(path: Path) -> list[dict[str, str]]:
+    with (path / "metrics.csv").open() as f:
+        return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in csv.DictReader(f)]
+
+
+@pytest.mark.parametrize(
+    "whole_mode, run_mode",
+    [
+        (["--batch-workers", "3"], ["--batch-workers", "3"]),
+        (["--threads", "1"], ["--threads", "2"]),  # threads: the sequential run, bit for bit
+    ],
+)
+def test_kill_and_resume_equals_an_uninterrupted_run(tmp_path, whole_mode, run_mode):
+    whole = tmp_path / "whole"
+    result = _dana("train", *SMALL, *whole_mode, "--out", str(whole))
+    assert result.returncode == 0, result.stderr
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dana.cli", "train", *SMALL, *run_mode, "--out", str(killed)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=ENV,
+    )
+    deadline = time.time() + 120
+    while not (killed / "checkpoint.pt").exists() and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (killed / "checkpoint.pt").exists()
+    assert not (killed / "summary.json").exists(), "the run finished before it could be killed"
+    resume_mode = [a for a in run_mode if "batch" not in a and a != "3"]  # (saved in config)
+    result = _dana("train", "--resume", str(killed), "--quiet", *resume_mode)
+    assert result.returncode == 0, result.stderr
+    assert _metrics(killed) == _metrics(whole)
+    if "--batch-workers" in run_mode:
+        assert json.loads((killed / "config.json").read_text())["batch_workers"] == 3
