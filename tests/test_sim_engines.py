@@ -365,3 +365,16 @@ def test_kill_and_resume_equals_an_uninterrupted_run(tmp_path, whole_mode, run_m
     assert _metrics(killed) == _metrics(whole)
     if "--batch-workers" in run_mode:
         assert json.loads((killed / "config.json").read_text())["batch_workers"] == 3
+
+
+def test_the_command_line_takes_the_options(tmp_path):
+    for command in ("train", "sweep"):
+        result = _dana(command, "--help")
+        assert "--device" in result.stdout and "--batch-workers" in result.stdout, command
+    if not torch.cuda.is_available():
+        out = tmp_path / "run"
+        result = _dana("train", *SMALL[:10], "--device", "cuda", "--out", str(out))
+        assert result.returncode == 2 and "sees no CUDA device" in result.stderr
+        assert not out.exists()
+    result = _dana("train", *SMALL[:10], "--batch-workers", "many")
+    assert result.returncode == 2 and "expected an integer or auto" in result.stderr

@@ -32,6 +32,12 @@ Every push counts as an update in the gates (exact for every asynchronous rule).
 rounds whose staleness is 0 (its barrier is the ``s = 0`` of an averaging master) and
 ignores the bound. ``max_staleness=None`` (the default) never waits.
 
+Batched and threaded gradients (``batch_workers=B``, ``threads=N``, with a ``source``):
+an engine of :mod:`dana.sim.compute` computes the due worker's gradient together with
+those of the next in-flight workers (:meth:`Simulator._due`), ahead of their pushes,
+which are then processed exactly as above. On a device (``params`` on a GPU) the rules'
+state and the simulator's buffers live there too.
+
 Example::
 
     >>> import torch, dana

@@ -207,10 +207,12 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=S,
         metavar="N",
-        help="the number of CPU threads the run uses (torch's intra-op threads; 0: one per "
-        "core). A run's result does not depend on it, so it is not saved in config.json and "
-        "may be given with --resume. The default, 1 (or OMP_NUM_THREADS where set), holds "
-        "up when other processes keep cores busy: more threads spin-wait against them "
+        help="the number of CPU threads the run uses (0: one per core): the simulator "
+        "computes N in-flight workers' gradients at once, one thread each (with "
+        "augmentation, or --batch-workers, N intra-op threads instead). A run's result "
+        "does not depend on it, so it is not saved in config.json and may be given with "
+        "--resume. The default, 1 (or OMP_NUM_THREADS where set), holds up when other "
+        "processes keep cores busy: more threads spin-wait against them "
         "(docs/BENCHMARKS.md)",
     )
     parser.add_argument(
