@@ -378,3 +378,13 @@ def test_the_command_line_takes_the_options(tmp_path):
         assert not out.exists()
     result = _dana("train", *SMALL[:10], "--batch-workers", "many")
     assert result.returncode == 2 and "expected an integer or auto" in result.stderr
+
+
+def test_the_memory_check_counts_the_stacked_copies():
+    from dana.train.config import TrainConfig
+    from dana.train.resources import check_memory
+
+    one = check_memory(TrainConfig(model="mlp", workers=8), 10_000, available=2**40)
+    eight = check_memory(TrainConfig(model="mlp", workers=8, batch_workers=8), 10_000,
+                         available=2**40)  # fmt: skip
+    assert eight - one == 2 * 8 * 10_000 * 4
