@@ -388,3 +388,21 @@ def test_the_memory_check_counts_the_stacked_copies():
     eight = check_memory(TrainConfig(model="mlp", workers=8, batch_workers=8), 10_000,
                          available=2**40)  # fmt: skip
     assert eight - one == 2 * 8 * 10_000 * 4
+
+
+def test_ray_workers_take_a_share_of_the_gpus():
+    from dana.ps.cluster import worker_gpus, worker_options
+
+    class Cluster:
+        def __init__(self, gpus):
+            self.gpus = gpus
+
+        def cluster_resources(self):
+            return {"CPU": 16.0, **({"GPU": self.gpus} if self.gpus else {})}
+
+    assert worker_gpus(Cluster(2.0), "cuda", 8) == 0.25
+    assert worker_gpus(Cluster(2.0), "auto", 1) == 1.0  # at most one each
+    assert worker_gpus(Cluster(2.0), "cpu", 8) == 0.0
+    assert worker_gpus(Cluster(0), "cuda", 8) == 0.0
+    assert worker_options(1.0, 0.25)["num_gpus"] == 0.25
+    assert "num_gpus" not in worker_options(1.0)

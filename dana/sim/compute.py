@@ -61,6 +61,7 @@ class Engine:
                 "(--batch-workers 1 --threads 1)"
             )
         self.step, self.source, self.size = step, source, int(size)
+        self._keep = running_buffers(source.flat.module)  # (ValueError: no momentum)
         self.pending: dict[int, tuple[Tensor, float, Running]] = {}
         self.computed = 0  # gradients computed (a measure of work ahead)
         self.calls = 0  # calls of the engine's kernel
@@ -100,8 +101,6 @@ class Engine:
     ) -> list[tuple[Tensor, float, Running]]:
         raise NotImplementedError
 
-    _keep: dict[str, float] = {}  # the running buffers' factors (stacked.running_buffers)
-
     def state_dict(self) -> dict[str, Any]:
         return {
             "pending": [
@@ -123,7 +122,6 @@ class BatchedEngine(Engine):
     def __init__(self, step: WorkerStep, source: GradientSource, size: int):
         super().__init__(step, source, size)
         self.stacked = StackedGradient(source)
-        self._keep = self.stacked.keep
 
     def _compute(self, points, batches):
         inputs = [self.source.inputs(b) for b in batches]
@@ -146,7 +144,6 @@ class ThreadedEngine(Engine):
         self.replicas: queue.SimpleQueue[Replica] = queue.SimpleQueue()
         for _ in range(self.size):
             self.replicas.put(Replica(source))
-        self._keep = running_buffers(source.flat.module)
         self.pool = ThreadPoolExecutor(self.size, thread_name_prefix="dana-worker")
 
     def _one(self, point: Tensor, batch: Any) -> tuple[Tensor, float, Running]:
