@@ -9,7 +9,8 @@ own state, e.g. ``dana-slim``'s momentum ``v_i``). One step, as in the simulator
    stream, ``g = grad f(p_i) + wd * p_i`` (the floor's :class:`~dana.train.step.WorkerStep`);
 2. ``rule.set_lr(lr)``, ``message = rule.message(0, g)`` (``None``: a local step,
    counted by the servers, no pull); with ``--time-scale``, sleep to the emulated step
-   time (:mod:`dana.ps.delay`). ``lr`` is the learning rate the servers sent with the
+   time (:mod:`dana.ps.delay`; a rule that ``uses_speed``, Dynamic Local Updates, is
+   told this worker's emulated speed relative to the fastest once, at construction). ``lr`` is the learning rate the servers sent with the
    parameters (the simulator's is the one at the push: they differ only by how far the
    schedule moved during one step);
 3. push the message with the next sequence number and pull in the same round trip
@@ -46,7 +47,7 @@ import torch
 from torch import Tensor
 
 from dana.algorithms.base import Algorithm, move_tensors
-from dana.ps.delay import StepDelay
+from dana.ps.delay import StepDelay, worker_speed
 from dana.ps.layout import Layout
 from dana.ps.link import ServerLink
 from dana.ps.server import APPLIED, DUPLICATE, LOCAL, STOP, WAIT
@@ -88,6 +89,8 @@ class Worker:
         self.rule = algorithm.worker(1, d, dtype)
         # (with --device cuda on a GPU node: compute there, exchange with the servers on
         # the CPU)
+        if algorithm.uses_speed:  # the emulated speeds: the run's timing model (--time-scale)
+            self.rule.set_speed(0, worker_speed(self.config, index))
         self.device = self.problem.flat.flat.device
         if self.device.type != "cpu":
             move_tensors(self.rule, self.device)

@@ -72,7 +72,7 @@ from dana.train.pushlog import PushLog
 from dana.train.schedule import schedule_epoch
 from dana.train.stacked import GradientSource
 from dana.train.step import GradientFn, WorkerStep
-from dana.train.timing import TimingModel, build_timing
+from dana.train.timing import TimingModel, build_timing, relative_speeds
 
 
 class Simulator:
@@ -155,6 +155,9 @@ class Simulator:
         d = params.numel()
         self.master = algorithm.master(params, self.k)
         self.workers = algorithm.worker(self.k, d, params.dtype)
+        if algorithm.uses_speed:  # Dynamic Local Updates: the timing model's mean speeds
+            for i, speed in enumerate(relative_speeds(self.timing)):
+                self.workers.set_speed(i, speed)
         if params.device.type != "cpu":
             move_tensors(self.master, params.device)
             move_tensors(self.workers, params.device)

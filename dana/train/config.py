@@ -197,7 +197,13 @@ class TrainConfig:
             from dana.train.device import check_cuda
 
             check_cuda("--device cuda")
-        self.build_algorithm()
+        if self.build_algorithm().uses_speed and self.backend == "ray" and self.time_scale <= 0:
+            raise ConfigError(
+                f"--algorithm {self.algorithm} with dynamic_steps sizes each worker's local "
+                "phase by its speed relative to the fastest worker's, which a Ray worker "
+                "knows only from the emulated step times: pass --time-scale S > 0 (with "
+                "--timing heterogeneous or trace), or set dynamic_steps to false"
+            )
         return self
 
     def build_algorithm(self) -> Algorithm:
