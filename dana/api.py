@@ -34,7 +34,7 @@ from dana.train.flat import FlatModel, LossFn
 from dana.train.pushlog import PushLog
 from dana.train.resources import check_threads, default_threads
 from dana.train.schedule import LRSchedule
-from dana.train.stacked import GradientSource, running_buffers
+from dana.train.stacked import GradientSource
 
 
 @dataclass
@@ -88,9 +88,8 @@ def simulate(
     threads; default 1, or ``OMP_NUM_THREADS`` where set, which holds up when other
     processes keep cores busy; 0: one per core), as ``dana train --threads``: on the CPU
     the gradients of up to that many in-flight workers are computed at once, one thread
-    each, bit for bit as one at a time (a model that cannot be, with BatchNorm without
-    a momentum, takes that many intra-op threads instead). The process's own setting is
-    restored at the end.
+    each, bit for bit as one at a time. The process's own setting is restored at the
+    end.
 
     ``device``: where the model, the data and the simulation live (``"cpu"``,
     ``"cuda"``, ``"auto"`` or a ``torch.device``; ``model``, ``x`` and ``y`` are moved
@@ -162,12 +161,7 @@ def _simulate(
     ):
         raise ValueError(f"batch_workers must be an integer >= 1 or 'auto', got {batch_workers!r}")
     if batch_workers > 1 or device.type != "cpu":
-        threads = 1
-    else:
-        try:
-            running_buffers(model)
-        except ValueError:
-            threads = 1  # (one worker at a time, on the intra-op threads already set)
+        threads = 1  # (the batched call or the GPU: torch's intra-op threads, as set)
 
     sim = Simulator(
         algo,

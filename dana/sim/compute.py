@@ -17,12 +17,17 @@ as the sequential simulator applies them (same events, batches, staleness, log).
   losses are bit for bit the sequential simulator's with one thread.
 
 BatchNorm's running statistics are folded into the shared model when each push is
-processed, in event order (:func:`dana.train.stacked.apply_running`). A gradient that
+processed, in event order: from each worker's contribution (batched,
+:func:`dana.train.stacked.apply_running`: within one rounding per update), or by
+replaying the kernel's update on the inputs each worker's BatchNorm layers saw
+(threaded, :func:`dana.train.stacked.replay_running`: bit for bit; memory: one set of
+those inputs per pending gradient). A gradient that
 draws random numbers (augmentation) is refused: its draws would follow the order the
 gradients are computed in, not the sequential order.
 
-The pending gradients are part of the simulation's state (:meth:`Engine.state_dict`),
-so that a resumed run continues exactly.
+The batched engine's pending gradients are part of the simulation's state
+(:meth:`Engine.state_dict`), so that a resumed run continues exactly; the threaded
+engine's are computed again after a resume, bit for bit the same.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from dana.train.stacked import (
     Running,
     StackedGradient,
     apply_running,
-    running_buffers,
+    replay_running,
 )
 from dana.train.step import WorkerStep
 
@@ -61,7 +66,6 @@ class Engine:
                 "(--batch-workers 1 --threads 1)"
             )
         self.step, self.source, self.size = step, source, int(size)
-        self._keep = running_buffers(source.flat.module)  # (ValueError: no momentum)
         self.pending: dict[int, tuple[Tensor, float, Running]] = {}
         self.computed = 0  # gradients computed (a measure of work ahead)
         self.calls = 0  # calls of the engine's kernel
@@ -93,8 +97,12 @@ class Engine:
         p = self.step.rule.compute_at(i, pulled(i))
         if self.step.weight_decay:
             grad.add_(p, alpha=self.step.weight_decay)
-        apply_running(self.source.flat.module, self._keep, running)
+        self._fold(running)
         return grad, loss
+
+    def _fold(self, running: Running) -> None:
+        """Fold one worker's BatchNorm running statistics into the shared model."""
+        raise NotImplementedError
 
     def _compute(
         self, points: list[Tensor], batches: list[Any]
@@ -122,6 +130,10 @@ class BatchedEngine(Engine):
     def __init__(self, step: WorkerStep, source: GradientSource, size: int):
         super().__init__(step, source, size)
         self.stacked = StackedGradient(source)
+        self._keep = self.stacked.keep  # (running_buffers: ValueError without a momentum)
+
+    def _fold(self, running):
+        apply_running(self.source.flat.module, self._keep, running)
 
     def _compute(self, points, batches):
         inputs = [self.source.inputs(b) for b in batches]
@@ -145,6 +157,12 @@ class ThreadedEngine(Engine):
         for _ in range(self.size):
             self.replicas.put(Replica(source))
         self.pool = ThreadPoolExecutor(self.size, thread_name_prefix="dana-worker")
+
+    def _fold(self, inputs):
+        replay_running(self.source.flat.module, inputs)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # (the pending gradients are computed again, bit for bit)
 
     def _one(self, point: Tensor, batch: Any) -> tuple[Tensor, float, Running]:
         replica = self.replicas.get()

@@ -41,8 +41,8 @@ def engine_settings(
     the batched engine; a gradient that draws random numbers (augmentation) is then a
     ConfigError. Otherwise ``--threads N > 1`` on the CPU takes the threaded engine (N
     workers' gradients at once, one intra-op thread each) where the gradient draws no
-    random numbers and the model allows it; else the run computes one worker at a time
-    on N intra-op threads (set by the caller), as before."""
+    random numbers; else the run computes one worker at a time on N intra-op threads
+    (set by the caller), as before."""
     random = getattr(problem, "random_gradient", False)
     batch_workers = config.batch_workers
     if batch_workers == "auto":
@@ -63,10 +63,6 @@ def engine_settings(
             raise ConfigError(f"--batch-workers {config.batch_workers}: {e}") from None
         return batch_workers, 1
     if threads > 1 and problem.flat.flat.device.type == "cpu" and not random:
-        try:
-            running_buffers(problem.flat.module)
-        except ValueError:
-            return 1, 1
         return 1, threads
     return 1, 1
 

@@ -16,8 +16,11 @@ statistics are computed per worker from a zero start, which gives that worker's
 contribution ``m * stat`` (``m`` the module's momentum; ``1`` for
 ``num_batches_tracked``); :func:`apply_running` then folds it into the shared module's
 statistics, ``r <- (1 - m) r + m stat``, when the worker's push is processed, in event
-order, as the sequential simulator's forward pass does. BatchNorm without a momentum
-(a cumulative average) is refused.
+order, as the sequential simulator's forward pass does (within one rounding per
+update: that forward pass folds them in inside its kernel). BatchNorm without a
+momentum (a cumulative average) is refused. A replica instead keeps the inputs of its
+BatchNorm layers, and :func:`replay_running` makes the kernel's own update from them
+at the push: bit for bit.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dana.train.flat import FlatModel, LossFn
@@ -130,24 +134,56 @@ class StackedGradient:
         return grads, losses.detach().cpu(), new_running
 
 
-class Replica:
-    """A copy of the module with its own flat vector and statistics, for one thread.
+def batchnorms(module: nn.Module) -> dict[str, nn.modules.batchnorm._BatchNorm]:
+    """The BatchNorm modules that keep running statistics, by name."""
+    return {
+        name: m
+        for name, m in module.named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    }
 
-    :meth:`gradient` gives the gradient (a fresh tensor), the loss and the running
-    contributions of one worker; the arithmetic is that of the shared module's
-    :meth:`FlatModel.gradient`, so with one intra-op thread the gradient and loss are
-    bit for bit the sequential simulator's."""
+
+def replay_running(module: nn.Module, inputs: Running) -> None:
+    """Update ``module``'s BatchNorm running statistics from the inputs one worker's
+    forward pass gave its BatchNorm layers, by the same kernel call the module's own
+    forward pass makes (``F.batch_norm`` in training mode): bit for bit the update of
+    the sequential simulator, momentum ``None`` (a cumulative average) included."""
+    if not inputs:
+        return
+    layers = batchnorms(module)
+    with torch.no_grad():
+        for name, x in inputs.items():
+            m = layers[name]
+            m.num_batches_tracked.add_(1)
+            factor = 1.0 / float(m.num_batches_tracked) if m.momentum is None else m.momentum
+            F.batch_norm(x, m.running_mean, m.running_var, None, None, True, factor, m.eps)
+
+
+class Replica:
+    """A copy of the module with its own flat vector, for one thread.
+
+    :meth:`gradient` gives one worker's gradient (a fresh tensor), its loss, and the
+    inputs of its BatchNorm layers (kept for :func:`replay_running` at the worker's
+    push: one set of these activations per pending gradient). The arithmetic is that
+    of the shared module's :meth:`FlatModel.gradient`, so with one intra-op thread the
+    gradient and loss are bit for bit the sequential simulator's."""
 
     def __init__(self, source: GradientSource):
         self.source = source
         self.flat = FlatModel(copy.deepcopy(source.flat.module))
-        self.keep = running_buffers(self.flat.module)
-        self._buffers = {n: b for n, b in self.flat.module.named_buffers() if n in self.keep}
+        self._inputs: Running = {}
+        for name, m in batchnorms(self.flat.module).items():
+            m.register_forward_pre_hook(self._keeper(name))
+
+    def _keeper(self, name: str):
+        def keep(module: nn.Module, args: tuple[Any, ...]) -> None:
+            self._inputs[name] = args[0].detach()
+
+        return keep
 
     def gradient(self, params: Tensor, batch: Any) -> tuple[Tensor, float, Running]:
-        for b in self._buffers.values():
-            b.zero_()
+        self._inputs = {}
         x, y = self.source.inputs(batch)
         grad, loss = self.flat.gradient(params, x, y, self.source.loss_fn)
-        running = {n: b.clone() for n, b in self._buffers.items()}
-        return grad.clone(), loss, running
+        inputs, self._inputs = self._inputs, {}
+        return grad.clone(), loss, inputs
