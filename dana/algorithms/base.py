@@ -36,6 +36,14 @@ from torch import Tensor
 BLOCK = 65536
 
 
+def move_tensors(rule: Any, device: torch.device) -> None:
+    """Move every tensor attribute of ``rule`` (a master or worker rule) to ``device``
+    (the rules build their state on their parameters' device, or the CPU)."""
+    for key, value in vars(rule).items():
+        if isinstance(value, torch.Tensor) and value.device != device:
+            setattr(rule, key, value.to(device))
+
+
 def per_worker_zeros(
     workers: int, d: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None
 ) -> Tensor:

@@ -59,6 +59,7 @@ from dana.ps.cluster import (
     placement,
     ray_session,
     server_options,
+    worker_gpus,
     worker_options,
 )
 from dana.ps.layout import Layout
@@ -207,7 +208,7 @@ class RayRun:
     def _start_actors(self, ray: Any) -> tuple[list[Any], list[Any]]:
         config = self.config.to_dict()
         layout = Layout(self.d, self.S, self.config.seed)
-        initial = self.problem.initial_params().numpy()
+        initial = self.problem.initial_params().cpu().numpy()
         self.prefix = f"dana-{uuid.uuid4().hex[:12]}"
         names = [f"{self.prefix}-shard{s}" for s in range(self.S)]
         checkpoints = sorted(self.checkpoints)
@@ -247,7 +248,8 @@ class RayRun:
         # (Ray warns that restarts need the arguments in the object store: they are).
         spec = getattr(self.problem, "spec", None)
         self.spec_ref = None if spec is None else ray.put(spec)
-        worker_cls = ray.remote(Worker).options(**worker_options(cpus))
+        gpus = worker_gpus(ray, self.config.device, self.k)
+        worker_cls = ray.remote(Worker).options(**worker_options(cpus, gpus))
         self.workers = workers = [
             worker_cls.remote(config, i, names, self.d, self.spec_ref, self.algorithm)
             for i in range(self.k)

@@ -46,7 +46,7 @@ import ray
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm
+from dana.algorithms.base import Algorithm, move_tensors
 from dana.ps.delay import StepDelay, worker_speed
 from dana.ps.layout import Layout
 from dana.ps.link import ServerLink
@@ -87,8 +87,13 @@ class Worker:
             algorithm = self.config.build_algorithm()
         dtype = getattr(torch, self.config.dtype)
         self.rule = algorithm.worker(1, d, dtype)
+        # (with --device cuda on a GPU node: compute there, exchange with the servers on
+        # the CPU)
         if algorithm.uses_speed:  # the emulated speeds: the run's timing model (--time-scale)
             self.rule.set_speed(0, worker_speed(self.config, index))
+        self.device = self.problem.flat.flat.device
+        if self.device.type != "cpu":
+            move_tensors(self.rule, self.device)
         self.worker_step = WorkerStep(self.rule, self.problem.gradient, self.config.weight_decay)
         # Several shards: the workers call shard 0 only, which relays (and whose lost
         # peers the driver rebuilds under new names).
@@ -154,11 +159,14 @@ class Worker:
     def _step(self, params: Tensor, counts: Counter[str], exchange: bool) -> Tensor | None:
         """One gradient computation and its push; the next parameters (None: stop)."""
         started = time.perf_counter()
-        grad, loss = self.worker_step.gradient(0, params, self.stream.next())
+        grad, loss = self.worker_step.gradient(0, params.to(self.device), self.stream.next())
         message = self.worker_step.message(0, grad, self.lr)
         offset = self.rule.theta_offset(1.0) if self.sends_offset and message is not None else None
+        if self.device.type != "cpu":
+            message = None if message is None else message.cpu()
+            offset = None if offset is None else offset.cpu()
         buffers = (
-            {k: v.numpy() for k, v in self.problem.flat.buffers_state().items()}
+            {k: v.cpu().numpy() for k, v in self.problem.flat.buffers_state().items()}
             if self.has_buffers and message is not None
             else None
         )
