@@ -363,7 +363,7 @@ class RayRun:
                     if server is not None:
                         server.forget.remote(i)
             return None
-        except ray.exceptions.RayActorError:  # restarted, or restarting: call it again
+        except _lost(ray):  # restarted, or restarting (its node lost): call it again
             self.failed_calls[i] += 1
             time.sleep(0.05)
             return False
