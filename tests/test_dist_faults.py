@@ -574,12 +574,17 @@ def test_two_nodes_the_second_lost_mid_run(tmp_path):
         shutil.rmtree(temp, ignore_errors=True)
     dist = json.loads((out / "dist.json").read_text())
     ips = {name: where["ip"] for name, where in dist["placement"].items()}
-    print(json.dumps({"placement": ips, "rebuilt": dist["shards_rebuilt"]}))
+    print(json.dumps({"placement": ips, "rebuilt": dist["shards_rebuilt"],
+                      "standbys_rebuilt": dist["standbys_rebuilt"]}))  # fmt: skip
     assert set(ips.values()) == {head_ip, "127.0.0.2"}, ips  # across both nodes
     assert ips["shard0"] == head_ip  # shard 0 stays with the driver
     lost_shards = [s for s in range(2) if ips[f"shard{s}"] == "127.0.0.2"]
     assert [r["shard"] for r in dist["shards_rebuilt"]] == lost_shards
     assert all(r["node"]["ip"] == head_ip for r in dist["shards_rebuilt"])
+    # shard 0's standby, if it was lost with the node: noticed, rebuilt on the head (if the
+    # new one started before the run's end)
+    assert (dist["standby_lost"] >= 1) == (ips["standby"] == "127.0.0.2")
+    assert all(r["node"]["ip"] == head_ip for r in dist["standbys_rebuilt"])
     first = dist["shards"][0]
     for shard in dist["shards"]:
         assert shard["applied"] == shard["last_seq"] == first["applied"]
