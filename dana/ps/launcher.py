@@ -397,9 +397,11 @@ class RayRun:
             if all(c is not None and c["calls"] == count for c in shards):
                 return
             if time.time() > deadline:
+                ran = [None if c is None else c["calls"] for c in shards]
                 raise FaultError(
                     f"the server shards did not all run the {count} calls shard 0 relayed "
-                    f"within {timeout:g} s; continue from the last checkpoint with "
+                    f"within {timeout:g} s (shards 1.., then the standby, ran {ran}); "
+                    "continue from the last checkpoint with "
                     f"`dana train --resume {self.run.path}`"
                 )
             time.sleep(POLL_SECONDS / 4)
@@ -510,9 +512,12 @@ class RayRun:
         except ray.exceptions.RayError as e:
             self._unsurvivable(f"shard 0's standby could not be rebuilt ({e})")
         try:
-            sent = ray.get(self.servers[0].attach_standby.remote(actor))
+            covered = 0 if saved is None else saved["calls"]
+            sent = ray.get(self.servers[0].attach_standby.remote(actor, covered))
         except _lost(ray):  # the head too, before its new standby had anything
             self._unsurvivable("shard 0 was lost while its standby was rebuilt")
+        except ray.exceptions.RayTaskError as e:  # (a log trimmed too far: never expected)
+            self._unsurvivable(f"shard 0's standby could not be rebuilt ({e})")
         self.standby = actor
         self.standbys_rebuilt.append(
             {
@@ -567,9 +572,10 @@ class RayRun:
         # standby); so its log entries and snapshots are dropped, unless the head was
         # lost before its reply, when they stand for the head's (the merger drops repeats).
         spare = self._ask_standby(ray, "poll")
-        replies = self._call_all(ray, "poll")
         if spare is not None and spare["recovery"] is not None:
+            # (kept before a promotion below: the new standby is built from it)
             self._keep_snapshot(0, spare["recovery"])
+        replies = self._call_all(ray, "poll")
         if replies[0] is None:
             replies[0] = spare
         for s, reply in enumerate(replies):

@@ -127,9 +127,12 @@ class Relay:
         self.peers[shard - 1] = actor
         return self.log.replay(actor, shard, covered)
 
-    def attach(self, actor: Any) -> int:
-        """``actor`` is the standby now: send it the whole log (it logs every entry and runs
-        those past its own count), then wait for it with every call. How many sent."""
+    def attach(self, actor: Any, covered: int = 0) -> int:
+        """``actor`` is the standby now, rebuilt from a snapshot covering the calls up to
+        ``covered``: send it the whole log (it logs every entry and runs those past its
+        own count), then wait for it with every call. How many sent."""
+        if covered < self.log.kept[0] or (self.log.calls and self.log.calls[0][0] > covered + 1):
+            raise RuntimeError(f"the calls after {covered} are gone: no standby from there")
         # Waited for: a promotion must find the whole log there.
         _wait(actor.adopt.remote(list(self.log.kept), list(self.log.calls)))
         self.standby = actor

@@ -416,9 +416,10 @@ class ShardServer:
         self.role = HEAD
         return self.relay.promote(peers)
 
-    def attach_standby(self, actor: Any) -> int:
-        """The head: ``actor`` is its standby now (sent the whole log); how many calls."""
-        return self.relay.attach(actor)
+    def attach_standby(self, actor: Any, covered: int = 0) -> int:
+        """The head: ``actor``, rebuilt from a snapshot covering the calls up to
+        ``covered``, is its standby now (sent the whole log); how many calls."""
+        return self.relay.attach(actor, covered)
 
     # -- recovery of a lost shard s >= 1 (dana.ps.recovery) -----------------------------
     def trim(self, shard: int, covered: int) -> None:
