@@ -31,7 +31,8 @@ is used once in expectation.
 
 A worker that crashes is restarted by Ray (``max_restarts``) and rejoins: its first pull
 is a ``join``, which tells it the last sequence number the servers applied, so no push
-is applied twice; its rule state (``dana-slim``'s ``v_i``) starts again from zero, as for
+is applied twice (and a call a lost shard 0 left unanswered goes again to its promoted
+standby: :mod:`dana.ps.link`); its rule state (``dana-slim``'s ``v_i``) starts again from zero, as for
 a new worker.
 """
 
@@ -42,14 +43,13 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
-import ray
 import torch
 from torch import Tensor
 
 from dana.algorithms.base import Algorithm, move_tensors
 from dana.ps.delay import StepDelay, worker_speed
 from dana.ps.layout import Layout
-from dana.ps.link import ServerLink
+from dana.ps.link import ServerLink, find_head
 from dana.ps.server import APPLIED, DUPLICATE, LOCAL, STOP, WAIT
 from dana.train.batches import BatchStream
 from dana.train.config import TrainConfig
@@ -95,15 +95,19 @@ class Worker:
         if self.device.type != "cpu":
             move_tensors(self.rule, self.device)
         self.worker_step = WorkerStep(self.rule, self.problem.gradient, self.config.weight_decay)
-        # Several shards: the workers call shard 0 only, which relays (and whose lost
-        # peers the driver rebuilds under new names).
+        # The workers call shard 0 only, which relays to its standby and the other shards
+        # (whose lost ones the driver rebuilds under new names); a lost shard 0 is
+        # replaced by its standby, found by name (dana.ps.link.find_head).
+        generation, head = find_head(servers[0])
         self.link = ServerLink(
-            [ray.get_actor(servers[0]), *([None] * (len(servers) - 1))],
+            [head, *([None] * (len(servers) - 1))],
             Layout(d, self.config.servers, self.config.seed),
             index,
             dtype,
-            relay=True,  # (with one shard there is nothing to relay)
+            relay=True,
+            head=servers[0],
         )
+        self.link.generation = generation
         self.sends_offset = self.rule.theta_offset(1.0) is not None
         self.has_buffers = any(True for _ in self.problem.flat.module.buffers())
         self.stream: BatchStream | None = None  # created when this process first joins
