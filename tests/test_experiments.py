@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from clirun import run_dana
 from conftest import fake_run
 
 from dana.cli import build_parser
@@ -40,16 +41,9 @@ TINY = [
 ]  # fmt: skip
 
 
-def dana(*args: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
-    """Run ``python -m dana.cli ARGS`` and return the finished process."""
-    result = subprocess.run(
-        [sys.executable, "-m", "dana.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=ENV,
-        **kwargs,
-    )
+def dana(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``dana ARGS`` in a process of its own (tests/clirun.py); the finished process."""
+    result = run_dana(*args, timeout=300)
     if check:
         assert result.returncode == 0, result.stdout + result.stderr
     return result
