@@ -242,16 +242,21 @@ class LocalAlgorithm(Algorithm):
     #: The hyper-parameters the master rule takes.
     outer_keys: ClassVar[tuple[str, ...]] = ("outer_lr",)
 
-    def _set_inner(
+    def __init__(
         self,
+        momentum: float,
         local_steps: int,
         inner: str,
         inner_momentum: float,
+        outer_lr: float,
         beta1: float,
         beta2: float,
         eps: float,
         inner_decay: float,
     ) -> None:
+        """The one constructor of the outer rules: checks and keeps the hyper-parameters
+        they share (each subclass's signature states its own defaults)."""
+        self.momentum = check_momentum(momentum)
         self.local_steps = check_local_steps(local_steps)
         if inner not in INNER:
             raise ValueError(f"inner must be one of {', '.join(INNER)}, got {inner!r}")
@@ -261,6 +266,7 @@ class LocalAlgorithm(Algorithm):
         self.beta2 = check_decay("beta2", beta2)
         self.eps = check_positive("eps", eps)
         self.inner_decay = check_nonnegative("inner_decay", inner_decay)
+        self.outer_lr = check_positive("outer_lr", outer_lr)
 
     def master(self, params: Tensor, workers: int) -> MasterRule:
         return self.master_rule(params, workers, **{k: getattr(self, k) for k in self.outer_keys})
@@ -297,9 +303,9 @@ class LocalSgd(LocalAlgorithm):
         eps: float = 1e-8,
         inner_decay: float = 0.0,
     ):
-        self.momentum = check_momentum(momentum)
-        self._set_inner(local_steps, inner, self.momentum, beta1, beta2, eps, inner_decay)
-        self.outer_lr = check_positive("outer_lr", outer_lr)
+        super().__init__(
+            momentum, local_steps, inner, momentum, outer_lr, beta1, beta2, eps, inner_decay
+        )
 
     def hparams(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if k != "inner_momentum"}
@@ -323,9 +329,9 @@ class OuterMomentumAlgorithm(LocalAlgorithm):
         eps: float = 1e-8,
         inner_decay: float = 0.0,
     ):
-        self.momentum = check_momentum(momentum)
-        self._set_inner(local_steps, inner, inner_momentum, beta1, beta2, eps, inner_decay)
-        self.outer_lr = check_positive("outer_lr", outer_lr)
+        super().__init__(
+            momentum, local_steps, inner, inner_momentum, outer_lr, beta1, beta2, eps, inner_decay
+        )
 
 
 class LocalNesterov(OuterMomentumAlgorithm):
