@@ -2,10 +2,11 @@
 
 The end-to-end tests run the real command dozens of times, and each fresh
 ``python -m dana.cli`` spends seconds importing PyTorch before it looks at its
-arguments (most of a bad-input case's time). :func:`run_dana` asks a helper process
-that has imported ``dana.cli``, the simulator and matplotlib once (a "zygote": the pattern of Python's own
-``multiprocessing`` forkserver) to fork a child per command: the child is a new
-process, with the interpreter state the import left and nothing else, that runs
+arguments (most of a bad-input case's time), and a run seconds more importing
+matplotlib for its curves. :func:`run_dana` asks a helper process that has imported
+``dana.cli``, the simulator and matplotlib once (a "zygote": the pattern of Python's
+own ``multiprocessing`` forkserver) to fork a child per command: the child is a new
+process, with the interpreter state the imports left and nothing else, that runs
 ``dana.cli.main(ARGS)`` with its own working directory, its stdout and stderr in
 files, and exits with main's status, as ``sys.exit(main())`` does; an uncaught
 exception prints its traceback and exits 1, a signal ends it as it would any process.
