@@ -1,5 +1,6 @@
 """The distribution: ``python -m build`` makes a wheel and an sdist that install in a fresh
-virtual environment and run (``dana --help``, ``dana algorithms``, a tiny ``dana train``).
+virtual environment and run (the installed ``dana`` entry point's ``--help``,
+``algorithms`` and ``presets``, and a tiny ``dana train`` through the console script).
 
 The environments see the system's site-packages (``--system-site-packages``), so that
 PyTorch and the other requirements are not installed again; pip installs with
