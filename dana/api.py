@@ -26,12 +26,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dana import algorithms
+from dana.sim.compute import auto_batch_workers
 from dana.sim.simulator import Simulator
 from dana.train.batches import BatchStream
+from dana.train.device import resolve_device
 from dana.train.flat import FlatModel, LossFn
 from dana.train.pushlog import PushLog
 from dana.train.resources import check_threads, default_threads
 from dana.train.schedule import LRSchedule
+from dana.train.stacked import GradientSource
 
 
 @dataclass
@@ -70,6 +73,8 @@ def simulate(
     seed: int = 0,
     callback: Callable[[Simulator], bool | None] | None = None,
     threads: int | None = None,
+    device: str | torch.device = "cpu",
+    batch_workers: int | str = 1,
     **hparams: Any,
 ) -> SimulationResult:
     """Train ``model`` on ``(x, y)`` with ``workers`` simulated asynchronous workers.
@@ -81,16 +86,28 @@ def simulate(
 
     ``threads``: the number of CPU threads the simulation uses (torch's intra-op
     threads; default 1, or ``OMP_NUM_THREADS`` where set, which holds up when other
-    processes keep cores busy; 0: one per core), as ``dana train --threads``; the process's own setting is restored at the end.
+    processes keep cores busy; 0: one per core), as ``dana train --threads``: on the CPU
+    the gradients of up to that many in-flight workers are computed at once, one thread
+    each, bit for bit as one at a time. The process's own setting is restored at the
+    end.
+
+    ``device``: where the model, the data and the simulation live (``"cpu"``,
+    ``"cuda"``, ``"auto"`` or a ``torch.device``; ``model``, ``x`` and ``y`` are moved
+    there). ``batch_workers``: compute the gradients of up to that many in-flight
+    workers in one vectorised call (``"auto"``: as many as fit the device), as
+    ``dana train --batch-workers`` (docs/ALGORITHMS.md, "Batched and threaded
+    gradients").
     """
     previous = torch.get_num_threads()
-    torch.set_num_threads(check_threads(default_threads() if threads is None else threads))
+    threads = check_threads(default_threads() if threads is None else threads)
+    torch.set_num_threads(threads)
     try:
         return _simulate(
             model, x, y, algorithm=algorithm, workers=workers, lr=lr, momentum=momentum,
             weight_decay=weight_decay, epochs=epochs, batch_size=batch_size, loss_fn=loss_fn,
             timing=timing, timing_params=timing_params, warmup_epochs=warmup_epochs,
-            decay_epochs=decay_epochs, seed=seed, callback=callback, **hparams,
+            decay_epochs=decay_epochs, seed=seed, callback=callback, threads=threads,
+            device=resolve_device(device), batch_workers=batch_workers, **hparams,
         )  # fmt: skip
     finally:
         torch.set_num_threads(previous)
@@ -115,18 +132,36 @@ def _simulate(
     decay_epochs: Sequence[float],
     seed: int,
     callback: Callable[[Simulator], bool | None] | None,
+    threads: int,
+    device: torch.device,
+    batch_workers: int | str,
     **hparams: Any,
 ) -> SimulationResult:
     names = algorithms.hparam_names(algorithm)
     if "momentum" in names:
         hparams.setdefault("momentum", momentum)
     algo = algorithms.build(algorithm, **hparams)
-    flat = FlatModel(model)
+    flat = FlatModel(model.to(device))
+    x, y = x.to(device), y.to(device)
     batches = BatchStream(len(x), batch_size, seed=seed)
     schedule = LRSchedule(lr, workers, warmup_epochs, tuple(decay_epochs))
 
+    def inputs(rows: Tensor) -> tuple[Tensor, Tensor]:
+        rows = rows.to(device)
+        return x[rows], y[rows]
+
     def gradient(params: Tensor, rows: Tensor) -> tuple[Tensor, float]:
-        return flat.gradient(params, x[rows], y[rows], loss_fn)
+        return flat.gradient(params, *inputs(rows), loss_fn)
+
+    source = GradientSource(flat, loss_fn, inputs)
+    if batch_workers == "auto":
+        batch_workers = auto_batch_workers(source, workers, torch.arange(batch_size), device)
+    if not (isinstance(batch_workers, int) and not isinstance(batch_workers, bool)) or (
+        batch_workers < 1
+    ):
+        raise ValueError(f"batch_workers must be an integer >= 1 or 'auto', got {batch_workers!r}")
+    if batch_workers > 1 or device.type != "cpu":
+        threads = 1  # (the batched call or the GPU: torch's intra-op threads, as set)
 
     sim = Simulator(
         algo,
@@ -139,8 +174,13 @@ def _simulate(
         timing=timing,
         timing_params=timing_params,
         seed=seed,
+        batch_workers=batch_workers,
+        threads=threads,
+        source=source if batch_workers > 1 or threads > 1 else None,
     )
     sim.run(epochs=epochs, callback=callback)
+    if sim.engine is not None and hasattr(sim.engine, "close"):
+        sim.engine.close()
     with torch.no_grad():
         flat.load(sim.params())
     return SimulationResult(model, sim, flat, loss_fn)

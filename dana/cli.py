@@ -44,7 +44,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dana.train.runner import train
     from dana.version import __version__
 
-    use_threads(getattr(args, "threads", None))
+    threads = use_threads(getattr(args, "threads", None))
     if args.resume:
         given = resume_conflicts(args)
         if given:
@@ -64,7 +64,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = TrainConfig.from_dict(collect_options(args), "options")
         out = args.out or DEFAULT_OUT
     summary = train(
-        config, out, resume=bool(args.resume), progress=not args.quiet, version=__version__
+        config,
+        out,
+        resume=bool(args.resume),
+        progress=not args.quiet,
+        version=__version__,
+        threads=threads,
     )
     rows = RunDir(out).read_metrics()
     print(format_table(rows))

@@ -10,7 +10,7 @@ internal error; 130 interrupted.
 """
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-EXIT_FAULT = 4  # a fault the run could not survive (a lost server shard): --resume
+EXIT_FAULT = 4  # a fault the run could not survive (shard 0 and its standby lost): --resume
 
 
 class DanaError(Exception):
@@ -26,8 +26,8 @@ class ConfigError(DanaError, ValueError):
 
 
 class FaultError(Exception):
-    """A fault the run could not survive (a lost parameter-server shard, a lost node): not
-    bad input. The command line prints the message (it says how to continue, usually
+    """A fault the run could not survive (shard 0 and its standby lost together, a lost
+    actor that cannot be placed again): not bad input. The command line prints the message (it says how to continue, usually
     ``dana train --resume``) and exits with status 4."""
 
 

@@ -43,10 +43,13 @@ from dana.data import Dataset
 from dana.errors import ConfigError, DanaError
 from dana.train.backends import runner_class
 from dana.train.config import TrainConfig
+from dana.train.device import resolve_device
 from dana.train.flat import FlatModel, LossFn
 from dana.train.pushlog import PushLog
+from dana.train.resources import check_threads, default_threads
 from dana.train.rundir import RunDir
 from dana.train.runner import execute_run, start_run
+from dana.train.stacked import GradientSource
 
 ModelOrFactory = nn.Module | Callable[[], nn.Module]
 Data = tuple[Any, Any] | torch.utils.data.Dataset
@@ -146,9 +149,19 @@ class UserProblem:
         return self.flat.flat.clone()
 
     def gradient(self, params: Tensor, rows: Tensor) -> tuple[Tensor, float]:
+        return self.flat.gradient(params, *self.inputs(rows), self.loss_fn)
+
+    #: the gradient draws no random numbers of its own (a model with dropout does:
+    #: the batched engine then refuses it, the threaded one checks)
+    random_gradient = False
+
+    def inputs(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         ds = self.dataset
         rows = rows.to(ds.train_x.device)
-        return self.flat.gradient(params, ds.train_x[rows], ds.train_y[rows], self.loss_fn)
+        return ds.train_x[rows], ds.train_y[rows]
+
+    def source(self) -> GradientSource:
+        return GradientSource(self.flat, self.loss_fn, self.inputs)
 
     def evaluate(self, params: Tensor) -> tuple[float, float]:
         return self.evaluate_on(params, self.dataset.test_x, self.dataset.test_y)
@@ -236,7 +249,9 @@ def fit(
     backend: str = "sim",
     address: str | None = None,
     servers: int = 1,
-    device: str = "cpu",
+    device: str | torch.device = "cpu",
+    batch_workers: int | str = 1,
+    threads: int | None = None,
     time_scale: float = 0.0,
     out: str | Path | None = None,
     progress: bool = False,
@@ -254,22 +269,19 @@ def fit(
     (``lc=...``, ``nesterov=...``) too. ``backend="ray"``: ``address`` joins a running
     cluster (``"auto"``; default: a private local Ray for this call), ``servers`` splits
     the parameters into that many shards, ``time_scale`` emulates the ``timing`` model
-    (see ``dana train --help``). ``device``: where the simulator computes (``"cpu"``,
-    ``"cuda"``); Ray runs on the CPU. ``out``: write the run directory there (as
+    (see ``dana train --help``). ``device``: where it computes (``"cpu"``, ``"cuda"``,
+    ``"auto"`` or a ``torch.device``; on Ray the workers, each with a share of the
+    cluster's GPUs, while the servers stay on the CPU). ``batch_workers`` and
+    ``threads``: the simulator's batched and threaded gradients, as ``dana train
+    --batch-workers`` and ``--threads``. ``out``: write the run directory there (as
     ``dana train --out`` does), else into a temporary one, removed at the end.
     ``mlflow``: also track the run there, as ``dana train --mlflow`` does. The
-    simulator on a GPU (``device="cuda"``) is not covered by this project's tests.
+    simulator on a GPU is tested where one is lent (the tests marked ``cuda``).
     """
     if backend not in ("sim", "ray"):
         raise ConfigError(f"backend {backend!r} is unknown; choose 'sim' or 'ray'")
-    try:
-        where = torch.device(device)
-    except RuntimeError as e:
-        raise ConfigError(f"device {device!r}: {e}") from None
-    if backend == "ray" and where.type != "cpu":
-        raise ConfigError(f"backend='ray' computes on the CPU; got device={device!r}")
-    if where.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={device!r}, but this torch sees no CUDA device")
+    where = resolve_device(device)
+    threads = check_threads(default_threads() if threads is None else threads)
     config = TrainConfig(
         algorithm=algorithm,
         workers=workers,
@@ -295,6 +307,8 @@ def fit(
         address=address,
         servers=servers,
         time_scale=time_scale,
+        device=where.type,
+        batch_workers=batch_workers,
         mlflow=None if mlflow is None else str(mlflow),
         mlflow_experiment=mlflow_experiment,
     ).validate()
@@ -308,7 +322,7 @@ def fit(
         raise ConfigError(
             f"batch_size {batch_size} is larger than the {len(train_xy[0])} training examples"
         )
-    spec = UserProblemSpec(model, train_xy, test_xy, loss_fn, device)
+    spec = UserProblemSpec(model, train_xy, test_xy, loss_fn, str(where))
     if isinstance(model, nn.Module):
         instance = model
     else:
@@ -317,24 +331,38 @@ def fit(
     problem = UserProblem(config, spec, instance)
     if out is None:
         with tempfile.TemporaryDirectory(prefix="dana-fit-") as tmp:
-            result = _run(config, problem, RunDir(Path(tmp) / "run"), progress)
+            result = _run(config, problem, RunDir(Path(tmp) / "run"), progress, threads)
         return result
     run = RunDir(out)
     if run.holds_run():
         raise DanaError(f"{run.path} already holds a run; choose another out")
-    result = _run(config, problem, run, progress)
+    result = _run(config, problem, run, progress, threads)
     result.run_dir = run.path
     return result
 
 
-def _run(config: TrainConfig, problem: UserProblem, run: RunDir, progress: bool) -> FitResult:
+def _run(
+    config: TrainConfig, problem: UserProblem, run: RunDir, progress: bool, threads: int
+) -> FitResult:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _run_on(config, problem, run, progress, threads)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run_on(
+    config: TrainConfig, problem: UserProblem, run: RunDir, progress: bool, threads: int
+) -> FitResult:
     from dana.version import __version__
 
     if config.backend == "ray":
         from dana.ps.cluster import import_ray
 
         import_ray()
-    runner: Any = runner_class(config.backend)(config, run, problem)
+    extra = {"threads": threads} if config.backend == "sim" else {}
+    runner: Any = runner_class(config.backend)(config, run, problem, **extra)
     start_run(run, config, __version__)
     title = f"{config.algorithm}, k={config.workers}, {config.model}"
     try:

@@ -21,6 +21,7 @@ LAST_LINES = {
     "master_update.py": r"dana-slim ratio [\d.]+, dana-zero ratio [\d.]+",
     "sim_memory.py": r"bytes per worker-parameter [\d.]+",
     "sim_overhead.py": r"overhead ratio [\d.]+",
+    "sim_scale.py": r"parallel speed-up [\d.]+",
     "train_throughput.py": r"throughput ratio [\d.]+",
     "ps_throughput.py": r"throughput vs ray example [\d.]+",
     "threads_under_load.py": r"default slowdown [\d.]+x \((within|OVER) 2x\)",

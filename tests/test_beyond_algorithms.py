@@ -4,7 +4,9 @@ delay-adaptive steps and linear weight prediction.
 
 Per rule: its zero-delay or one-worker reduction, a hand-written (or independently
 transcribed) check on a small problem, its validation errors, and a short simulator
-run; one real Ray run of a Local-SGD rule (marked ``ray``).
+run; Dynamic Local Updates (each worker's local steps from its speed): equal speeds are
+the plain rule, a slow worker's steps and phase by hand; real Ray runs of the Local-SGD
+rules (marked ``ray``).
 """
 
 from __future__ import annotations
@@ -431,6 +433,165 @@ def test_lwp_one_worker_is_momentum_sgd_and_pulls_the_linear_prediction():
     assert float(master.pull(1, 0.1, out)) == pytest.approx(-0.25 - 0.1 * 1 * 1.5)
 
 
+# -- Dynamic Local Updates ------------------------------------------------------------------
+def write_trace_file(path, durations):
+    """A ``trace`` timing file in which worker ``i`` always takes ``durations[i]``."""
+    from dana.train.timing import write_trace
+
+    write_trace(path, [(i, t) for i, t in enumerate(durations) for _ in range(3)])
+    return str(path)
+
+
+def test_dynamic_local_steps_by_hand():
+    from dana.algorithms.local_sgd import dynamic_local_steps
+
+    assert [dynamic_local_steps(10, s) for s in (1.0, 0.5, 0.7, 0.34, 0.05)] == [10, 5, 7, 3, 1]
+    assert dynamic_local_steps(10, 0.7) == 7  # 10*0.7 = 6.999999999999999 in binary
+    workers = A.build("local-sgd", local_steps=10, dynamic_steps=True).worker(3, 1)
+    for i, speed in enumerate((1.0, 0.5, 1 / 32)):
+        workers.set_speed(i, speed)
+    assert workers.steps == [10, 5, 1]  # H_i >= 1 however slow the worker
+    plain = A.build("local-sgd", local_steps=10).worker(2, 1)
+    plain.set_speed(1, 0.5)  # the option off: the speed is ignored
+    assert plain.steps == [10, 10] and not A.build("local-sgd").uses_speed
+    for bad in (0.0, 1.5, float("nan"), -1.0):
+        with pytest.raises(ValueError, match="relative speed"):
+            workers.set_speed(0, bad)
+    with pytest.raises(ValueError, match="dynamic_steps"):
+        A.build("local-dn", dynamic_steps=1)
+
+
+def test_relative_speeds_of_every_timing_model(tmp_path):
+    from dana.train.timing import build_timing, relative_speeds
+
+    assert relative_speeds(build_timing("constant", 3)) == [1.0, 1.0, 1.0]
+    assert relative_speeds(build_timing("gamma", 4, seed=3)) == [1.0] * 4
+    het = build_timing("heterogeneous", 5, seed=1)
+    means = het.worker_means
+    assert relative_speeds(het) == pytest.approx(list(means.min() / means))
+    path = write_trace_file(tmp_path / "t.csv", [1.0, 2.0, 4.0])
+    assert relative_speeds(build_timing("trace", 4, path=path)) == [1.0, 0.5, 0.25, 1.0]
+
+
+@pytest.mark.parametrize("name", ["local-sgd", "local-dn", "dana-local"])
+def test_dynamic_local_updates_with_equal_speeds_are_the_plain_rule_bit_for_bit(name):
+    problem = make_least_squares()
+    runs = []
+    for dynamic in (False, True):
+        sim = make_simulator(name, 4, problem, lr=0.005, local_steps=4, dynamic_steps=dynamic)
+        sim.run(pushes=300)
+        runs.append((sim.params().clone(), sim.log.numpy(), sim.pushes))
+    (a, log_a, n_a), (b, log_b, n_b) = runs
+    assert torch.equal(a, b) and n_a == n_b
+    for key in ("worker", "loss", "sim_time", "staleness"):
+        assert np.array_equal(log_a[key], log_b[key]), key
+
+
+def test_a_worker_twice_as_slow_takes_half_the_local_steps_and_ends_with_the_fast(tmp_path):
+    """Trace timing: workers take 1, 2 and 4 time units per step, H = 8: they take 8, 4
+    and 2 local steps per push, and every local phase lasts 8 units (each worker pushes
+    at 8, 16, 24, ...), where without the option the slow ones' phases last 16 and 32."""
+    problem = make_least_squares()
+    path = write_trace_file(tmp_path / "t.csv", [1.0, 2.0, 4.0])
+    for dynamic, phases in ((True, [8.0, 8.0, 8.0]), (False, [8.0, 16.0, 32.0])):
+        sim = make_simulator(
+            "local-dn",
+            3,
+            problem,
+            lr=0.005,
+            timing="trace",
+            timing_params={"path": path},
+            local_steps=8,
+            dynamic_steps=dynamic,
+        )
+        sim.run(pushes=8 * 3 * 10)  # 240 computations
+        log = sim.log.numpy()
+        for i in range(3):
+            times = log["sim_time"][log["worker"] == i]
+            assert np.allclose(np.diff(times), phases[i]) and times[0] == phases[i], (i, times)
+        if dynamic:
+            assert sim.workers.steps == [8, 4, 2]
+            # the same number of pushes each (to within the one under way when the run
+            # stopped), of 8, 4 and 2 computations: 240 = 8n + 4n + 2n + what is under way
+            pushes = np.bincount(log["worker"], minlength=3)
+            assert pushes.max() - pushes.min() <= 1
+            assert 14 * pushes.min() <= sim.steps <= 14 * (pushes.max() + 1)
+
+
+def test_dynamic_local_phases_end_together_under_heterogeneous_timing():
+    """Each worker's mean time per push is about ``H`` steps of the fastest worker (its
+    ``H_i`` rounded down: at most one of its own steps short); without the option the
+    slowest worker's phase is the longest by its speed ratio."""
+    problem = make_least_squares()
+    timing = {"machine_cv": 0.4, "task_cv": 0.05}
+    H = 10
+    phase = {}
+    for dynamic in (False, True):
+        sim = make_simulator(
+            "dana-local",
+            6,
+            problem,
+            lr=0.005,
+            timing="heterogeneous",
+            timing_params=timing,
+            seed=2,
+            local_steps=H,
+            dynamic_steps=dynamic,
+        )
+        sim.run(pushes=6000)
+        log = sim.log.numpy()
+        phase[dynamic] = np.array(
+            [np.diff(log["sim_time"][log["worker"] == i]).mean() for i in range(6)]
+        )
+        assert problem.loss(sim.params()) < 0.2 * problem.loss(torch.zeros(problem.d, dtype=F64))
+    means = sim.timing.worker_means
+    fastest = H * means.min()
+    assert (phase[True] <= 1.05 * fastest).all()
+    assert (phase[True] >= fastest - 1.05 * means).all()  # short by under one own step
+    assert phase[True].max() / phase[True].min() < 1.3
+    assert phase[False].max() / phase[False].min() > 1.5  # the speeds do differ
+    assert sim.workers.steps != [H] * 6
+
+
+def test_dynamic_local_updates_resume_exactly():
+    """The speeds are the runner's, not state: a resumed simulator sets them again."""
+
+    def build():
+        return make_simulator(
+            "local-sgd",
+            4,
+            problem,
+            lr=0.005,
+            timing="heterogeneous",
+            timing_params={"machine_cv": 0.5},
+            local_steps=6,
+            dynamic_steps=True,
+        )
+
+    problem = make_least_squares()
+    whole, part = build(), build()
+    whole.run(pushes=400)
+    part.run(pushes=150)
+    resumed = build()
+    resumed.load_state_dict(part.state_dict())
+    resumed.run(pushes=400)
+    assert resumed.workers.steps == whole.workers.steps != [6] * 4
+    assert torch.equal(resumed.params(), whole.params())
+
+
+def test_dynamic_local_updates_on_ray_need_emulated_speeds():
+    from dana.errors import ConfigError
+    from dana.train.config import TrainConfig
+
+    params = {"local_steps": 4, "dynamic_steps": True}
+    with pytest.raises(ConfigError, match="--time-scale"):
+        TrainConfig(algorithm="local-dn", backend="ray", algorithm_params=params).validate()
+    TrainConfig(algorithm="local-dn", algorithm_params=params).validate()  # the simulator
+    TrainConfig(
+        algorithm="local-dn", backend="ray", time_scale=0.001, algorithm_params=params
+    ).validate()
+
+
 # -- every rule in the simulator ------------------------------------------------------------
 @pytest.mark.parametrize("name", NEW)
 def test_every_new_rule_trains_in_the_simulator(name):
@@ -490,4 +651,37 @@ def test_local_sgd_trains_on_ray_with_two_shards(tmp_path):
     first = dist["shards"][0]
     # every push carried 4 computations: 3 local steps per push, to within one cycle a worker
     assert 3 * first["pushes"] - 2 * 3 <= first["local_steps"] <= 3 * first["pushes"] + 2 * 3
+    assert runner.rows[-1]["test_loss"] < 0.9 * runner.rows[0]["test_loss"]
+
+
+@pytest.mark.ray
+def test_dynamic_local_updates_on_ray_size_each_workers_phase_by_its_emulated_speed(tmp_path):
+    """Two Ray workers emulating 1 and 2 time units per step (trace timing, 5 ms a unit),
+    H = 4: the slow one takes 2 local steps per push, the fast one 4, so that the slow one
+    pushes about as often as the fast one."""
+    ray = pytest.importorskip("ray")
+    from test_dist import check_accounting, run_on_ray, tiny
+
+    path = write_trace_file(tmp_path / "t.csv", [1.0, 2.0])
+    config = tiny(
+        algorithm="local-dn",
+        workers=2,
+        epochs=2.0,
+        timing="trace",
+        timing_params={"path": path},
+        time_scale=0.005,
+        algorithm_params={"local_steps": 4, "dynamic_steps": True},
+    )
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR)
+    try:
+        runner = run_on_ray(config, tmp_path / "run")
+    finally:
+        ray.shutdown()
+    first = check_accounting(runner)["shards"][0]
+    computations, pushes = first["last_seq"], first["applied"]
+    for i, H_i in enumerate((4, 2)):  # to within the cycle under way at the end
+        assert H_i * pushes[i] <= computations[i] <= H_i * (pushes[i] + 1), (i, first)
+    # without the option the slow worker would push half as often (measured: 13 and 9
+    # pushes; each of the fast worker's local steps also pays a round trip to the server)
+    assert pushes[1] >= 0.75 * pushes[0]
     assert runner.rows[-1]["test_loss"] < 0.9 * runner.rows[0]["test_loss"]

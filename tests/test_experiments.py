@@ -156,7 +156,9 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
         for cell in cells:
             config = cell.config()
             assert config.weight_decay == 1e-4 and config.momentum == 0.9, cell.name
-            assert config.warmup_epochs > 0 and config.model in ("resnet20", "cnn"), cell.name
+            assert config.warmup_epochs > 0 and config.model in ("resnet20", "resnet8", "cnn"), (
+                cell.name
+            )
         # the one-worker hyper-parameters are reused unchanged for every k; only SSGD
         # has a second row, with the linear-scaling rule
         configs = [c.config().to_dict() for c in cells]

@@ -11,6 +11,11 @@ rules"), whoever drives it (the simulator or the Ray runtime):
 3. push: ``master.push(i, message, lr)`` applies it, and says whether the master's
    parameters moved (a synchronous master moves once every ``k`` pushes).
 
+A rule sees no time. The one thing a runner tells it of the workers' speeds, when the
+algorithm asks (``uses_speed``), is each worker's speed relative to the fastest
+(``workers.set_speed(i, s_i)``, once, before the first event): Dynamic Local Updates
+size a worker's local phase by it.
+
 An :class:`Algorithm` holds the hyper-parameters (validated at construction) and builds
 the two rules. A master rule holds the master's state for a flat parameter vector (or a
 contiguous shard of one, when the algorithm is ``elementwise``); a worker rule
@@ -29,6 +34,14 @@ from torch import Tensor
 #: vectors: a block of 64K float32 values (256 KiB per vector) stays in the L2 cache
 #: between passes (docs/BENCHMARKS.md, section 1, measures what it saves).
 BLOCK = 65536
+
+
+def move_tensors(rule: Any, device: torch.device) -> None:
+    """Move every tensor attribute of ``rule`` (a master or worker rule) to ``device``
+    (the rules build their state on their parameters' device, or the CPU)."""
+    for key, value in vars(rule).items():
+        if isinstance(value, torch.Tensor) and value.device != device:
+            setattr(rule, key, value.to(device))
 
 
 def per_worker_zeros(
@@ -175,6 +188,16 @@ class WorkerRule:
         local steps) keep it; the default ignores it.
         """
 
+    def set_speed(self, worker: int, speed: float) -> None:
+        """Receive ``worker``'s speed relative to the fastest worker's, in ``(0, 1]``.
+
+        Every runner calls it once per worker it holds, before the first computation,
+        when the algorithm's :attr:`Algorithm.uses_speed` is True: the simulator from
+        its timing model, a Ray worker from the same model with ``--time-scale``
+        (:func:`dana.train.timing.relative_speeds`). Rules whose work per push depends
+        on it (Dynamic Local Updates) keep it; the default ignores it.
+        """
+
     def message(self, worker: int, grad: Tensor) -> Tensor | None:
         """Turn ``worker``'s gradient into the message it pushes.
 
@@ -225,6 +248,9 @@ class Algorithm:
     elementwise: ClassVar[bool] = True
     master_rule: ClassVar[type[MasterRule]]
     worker_rule: ClassVar[type[WorkerRule]] = WorkerRule
+    #: True when the worker rule needs each worker's relative speed
+    #: (:meth:`WorkerRule.set_speed`); runners then give it.
+    uses_speed: bool = False
 
     def __init__(self, momentum: float = 0.0):
         self.momentum = check_momentum(momentum)

@@ -40,6 +40,13 @@ in DANA; both at 0.9 compound and diverge).
   ``outer_lr = 1`` and a constant ``lr`` it is ``dana-zero`` (the outer gradient is
   ``lr*g``).
 
+Dynamic Local Updates (the paper's DyLU; ``dynamic_steps=True``, on every outer rule):
+worker ``i`` takes ``H_i = max(1, floor(H*s_i))`` local steps per push, where ``s_i``
+is its speed relative to the fastest worker's, which the runner gives the worker rule
+(:meth:`~dana.algorithms.base.WorkerRule.set_speed`; from the timing model's mean step
+times), so that every worker's local phase lasts about ``H`` of the fastest worker's
+steps. With equal speeds every ``H_i`` is ``H``: the rule without the option.
+
 A push of ``H`` local steps costs ``H`` gradient computations and consumes ``H`` batches
 in every runner: the ``H - 1`` steps before it are local steps of the worker rule
 (:meth:`~dana.algorithms.base.WorkerRule.message` returns ``None``), which the simulator
@@ -61,6 +68,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import torch
@@ -97,9 +105,13 @@ class LocalWorkers(WorkerRule):
         beta2: float,
         eps: float,
         inner_decay: float,
+        dynamic: bool = False,
     ):
         super().__init__(workers, d, dtype)
         self.H, self.inner, self.momentum = H, inner, momentum
+        self.dynamic = dynamic
+        #: H_i, each worker's local steps per push (H for all until set_speed says otherwise)
+        self.steps = [H] * workers
         self.beta2, self.eps, self.inner_decay = beta2, eps, inner_decay
         adam = inner == "adamw"
         self.x = per_worker_zeros(workers, d, dtype)
@@ -113,6 +125,16 @@ class LocalWorkers(WorkerRule):
 
     def set_lr(self, lr: float) -> None:
         self.lr = float(lr)
+
+    def set_speed(self, worker: int, speed: float) -> None:
+        """Dynamic Local Updates: ``H_i = max(1, floor(H*s_i))`` for relative speed ``s_i``."""
+        if not (isinstance(speed, int | float) and 0.0 < speed <= 1.0):
+            raise ValueError(
+                f"a worker's relative speed must be in (0, 1] (its speed over the fastest "
+                f"worker's), got {speed!r}"
+            )
+        if self.dynamic:
+            self.steps[worker] = dynamic_local_steps(self.H, speed)
 
     def compute_at(self, worker: int, pulled: Tensor) -> Tensor:
         if int(self.t[worker]) == 0:
@@ -137,7 +159,7 @@ class LocalWorkers(WorkerRule):
             u.mul_(self.momentum).add_(grad)
             x.add_(u, alpha=-lr)
         t = int(self.t[worker]) + 1
-        if t < self.H:
+        if t < self.steps[worker]:
             self.t[worker] = t
             return None
         self.t[worker] = 0
@@ -223,6 +245,13 @@ class DanaLocalMaster(MasterRule):
         return True
 
 
+def dynamic_local_steps(H: int, speed: float) -> int:
+    """``max(1, floor(H*speed))``: the local steps of a worker at relative speed ``speed``
+    (the floor taken to ``1e-9``, so that a product exact on paper, 0.7*10, is not lost to
+    rounding: ``7``, not ``6``)."""
+    return max(1, math.floor(H * speed + 1e-9))
+
+
 def check_local_steps(H: int) -> int:
     if isinstance(H, bool) or not isinstance(H, int) or H < 1:
         raise ValueError(f"local_steps must be an integer >= 1, got {H!r}")
@@ -253,11 +282,15 @@ class LocalAlgorithm(Algorithm):
         beta2: float,
         eps: float,
         inner_decay: float,
+        dynamic_steps: bool = False,
     ) -> None:
         """The one constructor of the outer rules: checks and keeps the hyper-parameters
         they share (each subclass's signature states its own defaults)."""
         self.momentum = check_momentum(momentum)
         self.local_steps = check_local_steps(local_steps)
+        if not isinstance(dynamic_steps, bool):
+            raise ValueError(f"dynamic_steps must be true or false, got {dynamic_steps!r}")
+        self.dynamic_steps = dynamic_steps
         if inner not in INNER:
             raise ValueError(f"inner must be one of {', '.join(INNER)}, got {inner!r}")
         self.inner = inner
@@ -267,6 +300,10 @@ class LocalAlgorithm(Algorithm):
         self.eps = check_positive("eps", eps)
         self.inner_decay = check_nonnegative("inner_decay", inner_decay)
         self.outer_lr = check_positive("outer_lr", outer_lr)
+
+    @property
+    def uses_speed(self) -> bool:  # type: ignore[override]
+        return self.dynamic_steps
 
     def master(self, params: Tensor, workers: int) -> MasterRule:
         return self.master_rule(params, workers, **{k: getattr(self, k) for k in self.outer_keys})
@@ -279,6 +316,7 @@ class LocalAlgorithm(Algorithm):
             "beta2": self.beta2,
             "eps": self.eps,
             "inner_decay": self.inner_decay,
+            "dynamic": self.dynamic_steps,
         }
 
 
@@ -302,9 +340,19 @@ class LocalSgd(LocalAlgorithm):
         beta2: float = 0.999,
         eps: float = 1e-8,
         inner_decay: float = 0.0,
+        dynamic_steps: bool = False,
     ):
         super().__init__(
-            momentum, local_steps, inner, momentum, outer_lr, beta1, beta2, eps, inner_decay
+            momentum,
+            local_steps,
+            inner,
+            momentum,
+            outer_lr,
+            beta1,
+            beta2,
+            eps,
+            inner_decay,
+            dynamic_steps,
         )
 
     def hparams(self) -> dict[str, Any]:
@@ -328,9 +376,19 @@ class OuterMomentumAlgorithm(LocalAlgorithm):
         beta2: float = 0.999,
         eps: float = 1e-8,
         inner_decay: float = 0.0,
+        dynamic_steps: bool = False,
     ):
         super().__init__(
-            momentum, local_steps, inner, inner_momentum, outer_lr, beta1, beta2, eps, inner_decay
+            momentum,
+            local_steps,
+            inner,
+            inner_momentum,
+            outer_lr,
+            beta1,
+            beta2,
+            eps,
+            inner_decay,
+            dynamic_steps,
         )
 
 
@@ -354,9 +412,19 @@ class LocalNesterov(OuterMomentumAlgorithm):
         beta2: float = 0.999,
         eps: float = 1e-8,
         inner_decay: float = 0.0,
+        dynamic_steps: bool = False,
     ):
         super().__init__(
-            momentum, local_steps, inner, inner_momentum, outer_lr, beta1, beta2, eps, inner_decay
+            momentum,
+            local_steps,
+            inner,
+            inner_momentum,
+            outer_lr,
+            beta1,
+            beta2,
+            eps,
+            inner_decay,
+            dynamic_steps,
         )
 
 
@@ -381,9 +449,19 @@ class LocalDelayedNesterov(OuterMomentumAlgorithm):
         beta2: float = 0.999,
         eps: float = 1e-8,
         inner_decay: float = 0.0,
+        dynamic_steps: bool = False,
     ):
         super().__init__(
-            momentum, local_steps, inner, inner_momentum, outer_lr, beta1, beta2, eps, inner_decay
+            momentum,
+            local_steps,
+            inner,
+            inner_momentum,
+            outer_lr,
+            beta1,
+            beta2,
+            eps,
+            inner_decay,
+            dynamic_steps,
         )
         self.period = check_threshold("period", period)
         if not 0.0 <= c <= 1.0:

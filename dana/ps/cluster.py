@@ -164,9 +164,20 @@ def server_options(cpus: float = 1.0) -> dict[str, Any]:
     return {"num_cpus": cpus, "scheduling_strategy": "SPREAD", "max_restarts": 0}
 
 
-def worker_options(cpus: float = 1.0) -> dict[str, Any]:
-    """A worker: ``cpus`` CPUs, spread over nodes, restarted after a crash."""
+def worker_gpus(ray: Any, device: str, workers: int) -> float:
+    """GPUs per worker: with ``--device cuda`` (or ``auto``) on a cluster that has GPUs,
+    an equal share of them (at most one each), else 0. The servers take none."""
+    if device == "cpu":
+        return 0.0
+    total = float(ray.cluster_resources().get("GPU", 0.0))
+    return min(1.0, total / workers) if total > 0 else 0.0
+
+
+def worker_options(cpus: float = 1.0, gpus: float = 0.0) -> dict[str, Any]:
+    """A worker: ``cpus`` CPUs (and ``gpus`` GPUs), spread over nodes, restarted after a
+    crash."""
     return {
+        **({"num_gpus": gpus} if gpus > 0 else {}),
         "num_cpus": cpus,
         "scheduling_strategy": "SPREAD",
         "max_restarts": WORKER_RESTARTS,

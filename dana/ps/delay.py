@@ -11,7 +11,9 @@ effect on a Ray run.
 
 Each worker builds the whole model (so that ``heterogeneous`` gives every worker the
 same per-worker mean as in the simulator with the same seed), then draws its own
-durations from a generator seeded by ``(seed, worker, incarnation)``.
+durations from a generator seeded by ``(seed, worker, incarnation)``. The same model
+gives a worker its speed relative to the fastest (:func:`worker_speed`), for a rule
+that sizes its work by it (Dynamic Local Updates).
 """
 
 from __future__ import annotations
@@ -21,7 +23,17 @@ import time
 import numpy as np
 
 from dana.train.config import TrainConfig
-from dana.train.timing import build_timing
+from dana.train.timing import build_timing, relative_speeds
+
+
+def worker_speed(config: TrainConfig, worker: int) -> float:
+    """Worker ``worker``'s emulated speed relative to the fastest worker's, from the
+    whole timing model (the simulator's numbers with the same seed); needs
+    ``time_scale > 0`` (without emulation a worker does not know the others' speeds)."""
+    if config.time_scale <= 0:
+        raise ValueError("a worker's relative speed is only known with time_scale > 0")
+    model = build_timing(config.timing, config.workers, config.seed, **config.timing_params)
+    return relative_speeds(model)[worker]
 
 
 class StepDelay:

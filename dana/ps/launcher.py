@@ -19,11 +19,13 @@ workers talk to the servers directly, and the driver only watches:
   worker and waits for all ``k`` pushes before the next round (a crashed worker is
   restarted and redoes its step; a push already applied is not applied twice).
 
-With several shards, shard 0 relays every call to the others, so that a push is applied
-on all shards or on none and all shards count alike; it keeps the calls it relayed, and
-a lost shard ``s >= 1`` is rebuilt from its latest snapshot (which the driver keeps)
-and those calls (:mod:`dana.ps.recovery`). A lost shard 0 raises
-:class:`~dana.errors.FaultError` (exit status 4: ``--resume``).
+Shard 0 (the head) relays every call to a standby replica of itself (waiting for it)
+and to the other shards, so that a push is applied on all of them or on none and all
+shards count alike; it keeps the calls it relayed, and a lost shard ``s >= 1`` or
+standby is rebuilt from its latest snapshot (which the driver keeps) and those calls; a
+lost head is replaced by its standby, promoted (:mod:`dana.ps.recovery`). Losing the
+head and its standby at once raises :class:`~dana.errors.FaultError` (exit status 4:
+``--resume``).
 
 ``--max-staleness s`` (asynchronous algorithms; ``ssgd`` ignores it, as in the
 simulator): shard 0 keeps the floor's start and push gates
@@ -59,6 +61,7 @@ from dana.ps.cluster import (
     placement,
     ray_session,
     server_options,
+    worker_gpus,
     worker_options,
 )
 from dana.ps.layout import Layout
@@ -79,6 +82,13 @@ POLL_SECONDS = 0.2
 
 #: Seconds the actors have to start (build their problem) before the run gives up.
 READY_SECONDS = 300.0
+
+
+def _lost(ray: Any) -> tuple[type, ...]:
+    """The errors that mean an actor (or the node holding its reply) is gone: its death,
+    and the loss of an object it owned or stored (``OwnerDiedError``,
+    ``ObjectReconstructionFailedError``: a lost node's replies)."""
+    return (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
 
 
 class RayRun:
@@ -102,10 +112,15 @@ class RayRun:
             raise ConfigError(f"--servers {self.S} is more than the model's {self.d} parameters")
         self.batches_per_epoch = problem.dataset.train_size // config.batch_size
         self.synchronous = algorithm.synchronous
-        # Bounded staleness (ssgd ignores it): shard 0 gates. With S > 1 shards shard 0
-        # relays every call to the others, so a push is applied on all shards or on none.
+        # Bounded staleness (ssgd ignores it): shard 0 gates. Shard 0 relays every call to
+        # its standby and the other shards, so a push is applied on all or on none.
         self.bounded = bounds_staleness(config.max_staleness, self.synchronous)
-        self.relay = self.S > 1
+        self.relay = True
+        self.standby: Any = None  # shard 0's standby (dana.ps.recovery)
+        self.coming: tuple[Any, Any, float, dict[str, Any] | None] | None = None  # starting
+        self.standbys = 0  # standbys built so far (their names' numbers)
+        self.promotions: list[dict[str, Any]] = []  # one record per lost head
+        self.standbys_rebuilt: list[dict[str, Any]] = []
         self.wait_time, self.waits = 0.0, 0
         self.rows: list[dict[str, float]] = []
         self.logged = 0  # pushes already summarised in a metrics row
@@ -160,12 +175,17 @@ class RayRun:
         self.evals, self.checkpoints = evals, checkpoints
         self.end = points[-1]
         startup = time.time()
-        with ray_session(self.config.address, self.k + self.S):
+        with ray_session(self.config.address, self.k + self.S + 1):
             ray = import_ray()
             try:
                 servers, workers = self._start_actors(ray)
                 self.start = time.time()
-                ray.get([s.begin.remote(self.start - self.wall_before) for s in servers])
+                ray.get(
+                    [
+                        s.begin.remote(self.start - self.wall_before)
+                        for s in [*servers, self.standby]
+                    ]
+                )
                 progress.start(self.end, self.steps)
                 if self.synchronous:
                     self._run_rounds(ray, servers, workers, progress)
@@ -179,8 +199,10 @@ class RayRun:
                 self.counters = self._counters(ray, servers, self.start - startup)
             finally:
                 progress.close()
-                for actor in self.workers + self.servers:
-                    ray.kill(actor, no_restart=True)
+                coming = [self.coming[0]] if self.coming is not None else []
+                for actor in self.workers + self.servers + [self.standby, *coming]:
+                    if actor is not None:
+                        ray.kill(actor, no_restart=True)
         wall = self._wall()
         if self.diverged_at is not None:
             self.rows.append(self._divergence_row(wall))
@@ -207,11 +229,11 @@ class RayRun:
     def _start_actors(self, ray: Any) -> tuple[list[Any], list[Any]]:
         config = self.config.to_dict()
         layout = Layout(self.d, self.S, self.config.seed)
-        initial = self.problem.initial_params().numpy()
+        initial = self.problem.initial_params().cpu().numpy()
         self.prefix = f"dana-{uuid.uuid4().hex[:12]}"
-        names = [f"{self.prefix}-shard{s}" for s in range(self.S)]
+        self.names = names = [f"{self.prefix}-shard{s}" for s in range(self.S)]
         checkpoints = sorted(self.checkpoints)
-        self.cpus = cpus = placement(ray, self.k + self.S)
+        self.cpus = cpus = placement(ray, self.k + self.S + 1)
         # What a shard is built from: again when a lost one is rebuilt (dana.ps.recovery)
         self.server_args = [
             (
@@ -239,20 +261,28 @@ class RayRun:
                 name=names[s],
                 **{**server_options(cpus), **({"scheduling_strategy": here} if s == 0 else {})},
             )
-            .remote(*args, **kwargs, peers=names[1:] if self.relay and s == 0 else None)
+            .remote(
+                *args,
+                **kwargs,
+                peers=names[1:] if s == 0 and self.S > 1 else None,
+                replicated=s == 0,
+            )
             for s, (args, kwargs) in enumerate(self.server_args)
         ]
+        self.standby = self._new_standby(ray, None)
         # A user's problem (dana.fit) goes to the workers once, through the object store;
         # its reference is held here for the run, so that a restarted worker finds it too
         # (Ray warns that restarts need the arguments in the object store: they are).
         spec = getattr(self.problem, "spec", None)
         self.spec_ref = None if spec is None else ray.put(spec)
-        worker_cls = ray.remote(Worker).options(**worker_options(cpus))
+        gpus = worker_gpus(ray, self.config.device, self.k)
+        worker_cls = ray.remote(Worker).options(**worker_options(cpus, gpus))
         self.workers = workers = [
             worker_cls.remote(config, i, names, self.d, self.spec_ref, self.algorithm)
             for i in range(self.k)
         ]
-        calls = [s.ready.remote() for s in servers] + [w.ready.remote() for w in workers]
+        calls = [s.ready.remote() for s in [*servers, self.standby]]
+        calls += [w.ready.remote() for w in workers]
         try:
             where = ray.get(calls, timeout=READY_SECONDS)
         except ray.exceptions.GetTimeoutError:
@@ -265,8 +295,10 @@ class RayRun:
             ) from None
         except ray.exceptions.RayError as e:
             raise DanaError(f"the Ray actors could not start: {e}") from None
-        names_of = [f"shard{s}" for s in range(self.S)] + [f"worker{i}" for i in range(self.k)]
+        names_of = [f"shard{s}" for s in range(self.S)] + ["standby"]
+        names_of += [f"worker{i}" for i in range(self.k)]
         self.placement = dict(zip(names_of, where))
+        ray.get(servers[0].attach_standby.remote(self.standby))
         return servers, workers
 
     def _run_free(
@@ -300,7 +332,9 @@ class RayRun:
         while self.steps < self.end and self.diverged_at is None:
             running = {w.run.remote(round_index): i for i, w in enumerate(workers)}
             while running:
-                done, _ = ray.wait(list(running), num_returns=len(running))
+                done, _ = ray.wait(list(running), num_returns=len(running), timeout=POLL_SECONDS)
+                if not done:  # (a lost head is noticed here, and its standby promoted)
+                    self._poll(ray, servers)
                 for ref in done:
                     i = running.pop(ref)
                     if self._finished(ray, ref, i) is False:
@@ -327,96 +361,202 @@ class RayRun:
                 ) from None
             self.lost.append(i)
             if self.bounded:  # its records must not hold the others
-                self.servers[0].forget.remote(i)
+                for server in (self.servers[0], self.standby):
+                    if server is not None:
+                        server.forget.remote(i)
             return None
-        except ray.exceptions.RayActorError:  # restarted, or restarting: call it again
+        except _lost(ray):  # restarted, or restarting (its node lost): call it again
             self.failed_calls[i] += 1
             time.sleep(0.05)
             return False
 
     # -- what the servers report --------------------------------------------------------
     def _stop(self, ray: Any, servers: list[Any]) -> None:
-        """Stop every shard (a relaying shard 0 stops the others after what it relayed)."""
-        if not self.relay:
-            self._call_all(ray, "stop")
-            return
-        try:
-            refs = ray.get(self.servers[0].stop.remote())
-        except ray.exceptions.RayActorError:
-            self._call_all(ray, "ready")  # raises the FaultError of a lost shard 0
-            raise
-        for s, ref in enumerate(refs, start=1):
+        """Stop every shard (the head stops its standby and the others after what it
+        relayed; a lost head's standby is promoted and stopped)."""
+        while True:
+            try:
+                refs = ray.get(self.servers[0].stop.remote())
+                break
+            except _lost(ray):
+                self._promote(ray)
+        for ref in refs:
             try:
                 ray.get(ref)
-            except ray.exceptions.RayActorError:  # the stop is in the log: replayed
-                self._rebuild(ray, s)
+            except _lost(ray):  # the stop is in the log: replayed to whoever lacks it
+                self._call_all(ray, "ready")  # rebuilds or promotes what was lost
 
     def _settle(self, ray: Any, timeout: float = READY_SECONDS) -> None:
-        """Wait until every shard has run every call shard 0 relayed to it (a rebuilt
-        shard runs the replayed ones first), so that the last poll has everything."""
-        if not self.relay:
-            return
+        """Wait until the standby and every shard have run every call the head relayed to
+        them (a rebuilt one runs the replayed ones first), so that the last poll has
+        everything."""
         deadline = time.time() + timeout
         while True:
-            count = ray.get(self.servers[0].relay_counters.remote())["relayed_calls"]
+            count = self._relay_counters(ray)["relayed_calls"]
             shards = self._call_all(ray, "counters")[1:]
+            if self.standby is not None:  # (one still starting is not waited for)
+                shards.append(self._ask_standby(ray, "counters"))
             if all(c is not None and c["calls"] == count for c in shards):
                 return
             if time.time() > deadline:
+                ran = [None if c is None else c["calls"] for c in shards]
                 raise FaultError(
                     f"the server shards did not all run the {count} calls shard 0 relayed "
-                    f"within {timeout:g} s; continue from the last checkpoint with "
+                    f"within {timeout:g} s (shards 1.., then the standby, ran {ran}); "
+                    "continue from the last checkpoint with "
                     f"`dana train --resume {self.run.path}`"
                 )
             time.sleep(POLL_SECONDS / 4)
 
+    def _relay_counters(self, ray: Any) -> dict[str, int]:
+        while True:
+            try:
+                return ray.get(self.servers[0].relay_counters.remote())
+            except _lost(ray):
+                self._promote(ray)
+
     def _call_all(self, ray: Any, method: str) -> list[Any]:
         """Every shard's reply to ``method`` (None from a shard just rebuilt, whose replayed
-        calls may not have run yet); a lost shard ``s >= 1`` is rebuilt, a lost shard 0
-        ends the run (:class:`FaultError`)."""
+        calls may not have run yet, or from a head just replaced by its standby); a lost
+        shard ``s >= 1`` is rebuilt, a lost head replaced (:meth:`_promote`)."""
         refs = [getattr(server, method).remote() for server in self.servers]
         replies: list[Any] = []
         for s, ref in enumerate(refs):
             try:
                 replies.append(ray.get(ref))
-            except ray.exceptions.RayActorError as e:
-                if s == 0 or not self.relay:
-                    raise FaultError(
-                        f"parameter-server shard {s} was lost ({type(e).__name__}); "
-                        + (
-                            "a run with one shard"
-                            if not self.relay
-                            else "shard 0 orders the run and"
-                        )
-                        + " cannot rebuild it: continue from the last checkpoint with "
-                        f"`dana train --resume {self.run.path}`"
-                    ) from None
-                self._rebuild(ray, s)
+            except _lost(ray):
+                if s == 0:
+                    self._promote(ray)
+                else:
+                    self._rebuild(ray, s)
                 replies.append(None)
         return replies
 
+    def _ask_standby(self, ray: Any, method: str) -> Any:
+        """The standby's reply to ``method``; None if there is none (a new one is on its
+        way: attached here once it has started) or it was lost (a new one is started)."""
+        if self.standby is None:
+            self._attach_coming(ray)
+            return None
+        try:
+            return ray.get(getattr(self.standby, method).remote())
+        except _lost(ray):
+            self._replace_standby(ray)
+            return None
+
+    def _promote(self, ray: Any) -> None:
+        """The head (shard 0) was lost: its standby, which has run every call the head
+        passed on, becomes the head; then a new standby is built (:mod:`dana.ps.recovery`)."""
+        started = time.time()
+        lost, standby = self.servers[0], self.standby
+        ray.kill(lost, no_restart=True)  # (a lost reply need not mean a dead actor)
+        if standby is None:
+            self._unsurvivable("shard 0 was lost while its standby was being rebuilt")
+        try:
+            sent = ray.get(standby.promote.remote(self.servers[1:]), timeout=READY_SECONDS)
+        except (*_lost(ray), ray.exceptions.GetTimeoutError):
+            self._unsurvivable("shard 0 and its standby were both lost")
+        self.servers[0], self.standby = standby, None
+        self.promotions.append(
+            {"steps": self.steps, "resent_calls": sent, "seconds": time.time() - started}
+        )
+        self._replace_standby(ray)
+
+    def _unsurvivable(self, what: str) -> None:
+        raise FaultError(
+            f"{what}: the run cannot go on; continue from the last checkpoint with "
+            f"`dana train --resume {self.run.path}`"
+        ) from None
+
+    def _new_standby(self, ray: Any, saved: dict[str, Any] | None) -> Any:
+        """A standby actor of shard 0, from its latest snapshot ``saved`` (None: from
+        shard 0's starting arguments)."""
+        args, kwargs = self.server_args[0]
+        self.standbys += 1
+        return (
+            ray.remote(ShardServer)
+            .options(name=f"{self.names[0]}-{self.standbys}", **server_options(self.cpus))
+            .remote(
+                *args,
+                **kwargs,
+                peers=self.names[1:] or None,
+                standby=True,
+                recovered=saved,
+            )
+        )
+
+    def _replace_standby(self, ray: Any) -> None:
+        """Start a new standby (the last one was lost or promoted); the run goes on
+        meanwhile, without one, and :meth:`_attach_coming` attaches it once it is up."""
+        if self.standby is not None:
+            ray.kill(self.standby, no_restart=True)
+        self.standby = None
+        saved = self.recovery[0]
+        actor = self._new_standby(ray, saved)
+        self.coming = (actor, actor.ready.remote(), time.time(), saved)
+
+    def _attach_coming(self, ray: Any) -> None:
+        """Attach the standby under way to the head (which sends it its log) once it has
+        started."""
+        if self.coming is None:
+            return
+        actor, ready, started, saved = self.coming
+        done, _ = ray.wait([ready], timeout=0)
+        if not done:
+            if time.time() - started > READY_SECONDS:
+                self._unsurvivable(
+                    f"shard 0's standby did not start within {READY_SECONDS:g} s (no room)"
+                )
+            return
+        self.coming = None
+        try:
+            where = ray.get(ready)
+        except ray.exceptions.RayError as e:
+            self._unsurvivable(f"shard 0's standby could not be rebuilt ({e})")
+        try:
+            covered = 0 if saved is None else saved["calls"]
+            sent = ray.get(self.servers[0].attach_standby.remote(actor, covered))
+        except _lost(ray):  # the head too, before its new standby had anything
+            self._unsurvivable("shard 0 was lost while its standby was rebuilt")
+        except ray.exceptions.RayTaskError as e:  # (a log trimmed too far: never expected)
+            self._unsurvivable(f"shard 0's standby could not be rebuilt ({e})")
+        self.standby = actor
+        self.standbys_rebuilt.append(
+            {
+                "steps": self.steps,
+                "snapshot_age": None if saved is None else started - saved["time"],
+                "sent_calls": sent,
+                "seconds": time.time() - started,
+                "node": where,
+            }
+        )
+
     def _rebuild(self, ray: Any, s: int) -> None:
-        """Rebuild lost shard ``s >= 1`` from its latest snapshot and shard 0's log of the
+        """Rebuild lost shard ``s >= 1`` from its latest snapshot and the head's log of the
         calls since (:mod:`dana.ps.recovery`); the run goes on meanwhile."""
         started = time.time()
         saved = self.recovery[s]
         args, kwargs = self.server_args[s]
         name = f"{self.prefix}-shard{s}-rebuilt{len(self.rebuilt) + 1}"
+        ray.kill(self.servers[s], no_restart=True)  # (a lost reply need not mean a dead actor)
         actor = (
             ray.remote(ShardServer)
             .options(name=name, **server_options(self.cpus))
             .remote(*args, **kwargs, recovered=saved)
         )
+        covered = 0 if saved is None else saved["calls"]
         try:
             where = ray.get(actor.ready.remote(), timeout=READY_SECONDS)
-            replayed = ray.get(
-                self.servers[0].rebind.remote(s, actor, 0 if saved is None else saved["calls"])
-            )
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
-            raise FaultError(
-                f"parameter-server shard {s} was lost and could not be rebuilt ({e}); "
-                f"continue from the last checkpoint with `dana train --resume {self.run.path}`"
-            ) from None
+            self._unsurvivable(
+                f"parameter-server shard {s} was lost and could not be rebuilt ({e})"
+            )
+        while True:
+            try:
+                replayed = ray.get(self.servers[0].rebind.remote(s, actor, covered))
+                break
+            except _lost(ray):
+                self._promote(ray)  # (the new head relays to the old shard s: rebind again)
         self.servers[s] = actor
         self.rebuilt.append(
             {
@@ -430,13 +570,21 @@ class RayRun:
         )
 
     def _poll(self, ray: Any, servers: list[Any]) -> None:
+        # The standby first: what it has run, the head had run before (it waits for the
+        # standby); so its log entries and snapshots are dropped, unless the head was
+        # lost before its reply, when they stand for the head's (the merger drops repeats).
+        spare = self._ask_standby(ray, "poll")
+        if spare is not None and spare["recovery"] is not None:
+            # (kept before a promotion below: the new standby is built from it)
+            self._keep_snapshot(0, spare["recovery"])
         replies = self._call_all(ray, "poll")
+        if replies[0] is None:
+            replies[0] = spare
         for s, reply in enumerate(replies):
             if reply is None:
                 continue
-            if reply["recovery"] is not None:
-                self.recovery[s] = reply["recovery"]
-                self.servers[0].trim.remote(s, reply["recovery"]["calls"])
+            if s > 0 and reply["recovery"] is not None:
+                self._keep_snapshot(s, reply["recovery"])
             self.merger.add(s, reply["log"])
             # A rebuilt shard takes again the snapshots its lost self took after its
             # latest recovery snapshot: keep the first of each point.
@@ -445,9 +593,19 @@ class RayRun:
                 self.last_point[s] = fresh[-1]["point"]
             self.snapshots[s].extend(fresh)
         head = replies[0]
+        if head is None:  # the head and then its standby lost in one poll: no news
+            return
         self.steps, self.updates, self.pushes = head["steps"], head["updates"], head["pushes"]
         self.waits, self.wait_time = head["waits"], head["wait_time"]
         self._check_divergence()
+
+    def _keep_snapshot(self, s: int, saved: dict[str, Any]) -> None:
+        """Receiver ``s``'s (0: the standby's) latest snapshot: the head and the standby
+        drop the calls it covers."""
+        self.recovery[s] = saved
+        for server in (self.servers[0], self.standby):
+            if server is not None:
+                server.trim.remote(s, saved["calls"])
 
     def _check_divergence(self) -> None:
         if self.diverged_at is not None:
@@ -542,7 +700,8 @@ class RayRun:
         while None in shards:  # a shard lost at the very end: rebuilt, asked again
             self._settle(ray)
             shards = self._call_all(ray, "counters")
-        relay = ray.get(self.servers[0].relay_counters.remote()) if self.relay else {}
+        relay = self._relay_counters(ray)
+        standby = None if self.standby is None else self._ask_standby(ray, "counters")
         log_times = self.merger.log.sim_time
         if len(log_times):
             self.sim_time = max(self.sim_time, log_times[-1])
@@ -569,6 +728,10 @@ class RayRun:
             "workers_lost": self.lost,
             # shards rebuilt after their loss (dana.ps.recovery), and shard 0's log
             "shards_rebuilt": self.rebuilt,
+            # lost heads replaced by their standby, standbys built since the start
+            "promotions": self.promotions,
+            "standbys_rebuilt": self.standbys_rebuilt,
+            "standby": standby,
             **relay,
             "worker_replies": dict(self.worker_counts),
             "shards": shards,

@@ -14,8 +14,9 @@ joins the shards' parts of each push by ``(worker, seq)``:
 - loss, lr, time, duration: from shard 0, which also fixes the order of the log.
 
 A shard rebuilt after its loss (:mod:`dana.ps.recovery`) reports again the pushes
-replayed since its snapshot; entries of a worker with a seq not above the last one taken
-from that shard are dropped.
+replayed since its snapshot, and a standby promoted to shard 0 some pushes its lost head
+had reported: entries of a worker with a seq not above the last one taken from that
+shard are dropped.
 
 The merged log is a :class:`dana.train.pushlog.PushLog` (the simulator's, so
 :func:`dana.train.metrics.summarize` reads both alike) plus the step durations that
@@ -75,7 +76,11 @@ class LogMerger:
         """Take a shard's drained entries; merge every push whose parts are all in."""
         rows = zip(*(columns[name].tolist() for name in ShardLog.columns))
         if shard == 0:
-            self._primary.extend(rows)
+            # A promoted standby reports again some pushes its lost head had reported.
+            for row in rows:
+                if row[1] > self._seen.get((0, row[0]), 0):
+                    self._seen[(0, row[0])] = row[1]
+                    self._primary.append(row)
         else:
             for w, seq, stale, gap_sq, gap_n, *_ in rows:
                 # A rebuilt shard replays the pushes since its snapshot, some of which

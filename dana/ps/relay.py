@@ -1,16 +1,21 @@
-"""Shard 0's relay: the calls it passes on to the other shards (always, when ``S > 1``).
+"""Shard 0's relay: the calls the head passes on to its standby and to the other shards.
 
-With several shards the workers call only shard 0 (which alone keeps the staleness
-gate, if any); once shard 0 has applied a push or served a pull it makes the same call
-on every other shard (:mod:`dana.ps.server`, "Several shards"). Ray runs the calls of
-one caller on an actor in the order they were made, so every shard applies the same
-pushes and serves the same pulls in the same order.
+The workers call only the head (shard 0, which alone keeps the staleness gate, if
+any); once it has applied a push or served a pull it passes the same call on
+(:mod:`dana.ps.server`, "Several shards" and "Standby"):
 
-:class:`Relay` holds the other shards' actors and the joins still to pass on; it makes
-the calls (a push's slices sent from shard 0's own copies, so that they outlive the
-worker) and returns their object references (pulled parameters never pass through
-shard 0). It logs every call it makes in a :class:`~dana.ps.recovery.RelayLog`, from
-which the driver rebuilds a lost shard (:meth:`rebind`).
+1. to its **standby**, a replica of shard 0, with every shard's arguments, and waits
+   for it to answer (so the standby has run, and logged, every call anyone else gets);
+2. then to every other shard, its slice only. Ray runs the calls of one caller on an
+   actor in the order they were made, so every shard applies the same pushes and serves
+   the same pulls in the same order.
+
+:class:`Relay` holds the receivers' actors and the joins still to pass on, numbers and
+logs every call in a :class:`~dana.ps.recovery.RelayLog` (a push's slices copied, so
+that they outlive the worker), and returns the other shards' pull replies as object
+references (pulled parameters never pass through shard 0). From the log the driver
+rebuilds a lost receiver (:meth:`rebind`, :meth:`attach`); a promoted standby passes its
+own log on (:meth:`promote`).
 """
 
 from __future__ import annotations
@@ -24,13 +29,20 @@ from dana.ps.recovery import RelayLog
 
 
 class Relay:
-    """The other shards of a run, by their actors' names (resolved by :meth:`connect`)."""
+    """The other shards of a run, by their actors' names (resolved by :meth:`connect`),
+    and shard 0's standby (set by :meth:`attach`).
 
-    def __init__(self, names: list[str], workers: int):
+    ``logged``: keep the log even with no other shard (a one-shard run's standby)."""
+
+    def __init__(self, names: list[str], workers: int, logged: bool = False):
         self.names = list(names)
+        self.others = len(self.names)  # the other shards: S - 1
         self.peers: list[Any] = []  # their actor handles, once connect() has run
+        self.standby: Any = None
         self.rejoined = [False] * workers  # a join to pass on with the worker's next pull
-        self.log = RelayLog(len(self.names)) if self.names else None
+        self.log = RelayLog(len(self.names) + 1) if self.names or logged else None
+        self.outbox: list[tuple[int, str, list[tuple]]] = []  # logged, not yet sent
+        self.standby_lost = 0  # times the standby did not answer
 
     def connect(self) -> None:
         if self.names:
@@ -44,40 +56,69 @@ class Relay:
 
     def push(
         self,
+        own: tuple,
         worker: int,
         seq: int,
         pieces: list[Any] | None,
         offsets: list[np.ndarray | None],
     ) -> None:
-        """The same push on every other shard: its slice of the message (``pieces``;
-        ``None`` for a local step) and of the worker's offset."""
-        if not self.peers:
+        """Log the push (``own``: shard 0's arguments, for the standby) and its slices
+        for every other shard (``pieces``; ``None`` for a local step), to :meth:`flush`."""
+        if self.log is None:
             return
         # Copies: the log keeps them after the worker's arguments are gone.
-        args = [
+        worker_, seq_, message, loss, offset, buffers = own
+        head = (worker_, seq_, _copy(message), loss, _copy(offset), _copy_dict(buffers))
+        args = [head] + [
             (worker, seq, _copy(None if pieces is None else pieces[s]), math.nan, _copy(offsets[s]))
-            for s in range(len(self.peers))
+            for s in range(self.others)
         ]
-        self.log.append("push", args)
-        for peer, call in zip(self.peers, args):
-            peer.push.remote(*call)
+        self._add("push", args)
 
-    def pull(self, worker: int) -> list[Any]:
-        """The same pull on every other shard: the references of their replies."""
-        if not self.peers:
-            return []
+    def pull(self, worker: int) -> None:
+        """Log the same pull for the standby and every other shard, to :meth:`flush`."""
+        if self.log is None:
+            return
         join, self.rejoined[worker] = self.rejoined[worker], False
-        self.log.append("pull", [(worker, join)] * len(self.peers))
-        return [peer.pull.remote(worker, join) for peer in self.peers]
+        self._add("pull", [(worker, join)] * (self.others + 1))
 
     def stop(self) -> list[Any]:
-        """Stop every other shard after the calls relayed to it (the references)."""
-        if self.peers:
-            self.log.append("stop", [()] * len(self.peers))
-        return [peer.stop.remote() for peer in self.peers]
+        """Stop the standby and every other shard after the calls passed on to them (the
+        references of the other shards' stops)."""
+        if self.log is not None:
+            self._add("stop", [()] * (self.others + 1))
+        return self.flush()[-1] if self.log is not None else []
+
+    def flush(self) -> list[list[Any]]:
+        """Pass the logged calls on: to the standby first, waiting for its answer, then to
+        every other shard. Per call, the references of the other shards' replies."""
+        calls, self.outbox = self.outbox, []
+        if not calls:
+            return [[]]
+        if self.standby is not None:
+            import ray
+
+            try:
+                _wait(self.standby.replica.remote(calls))
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
+                # Lost: the driver builds a new one and this log fills it (attach).
+                self.standby = None
+                self.standby_lost += 1
+        return [
+            [
+                peer.relayed.remote(number, method, *args[s])
+                for s, peer in enumerate(self.peers, start=1)
+            ]
+            for number, method, args in calls
+        ]
+
+    def _add(self, method: str, args: list[tuple]) -> None:
+        number = self.log.append(method, args)
+        self.outbox.append((number, method, args))
 
     def trim(self, shard: int, covered: int) -> None:
-        """The driver holds a snapshot of ``shard`` covering the calls up to ``covered``."""
+        """The driver holds a snapshot of receiver ``shard`` (0: the standby) covering the
+        calls up to ``covered``."""
         self.log.trim(shard, covered)
 
     def rebind(self, shard: int, actor: Any, covered: int) -> int:
@@ -85,6 +126,28 @@ class Relay:
         to ``covered``: send it the calls since, then relay to it. How many were sent."""
         self.peers[shard - 1] = actor
         return self.log.replay(actor, shard, covered)
+
+    def attach(self, actor: Any, covered: int = 0) -> int:
+        """``actor`` is the standby now, rebuilt from a snapshot covering the calls up to
+        ``covered``: send it the whole log (it logs every entry and runs those past its
+        own count), then wait for it with every call. How many sent."""
+        if covered < self.log.kept[0] or (self.log.calls and self.log.calls[0][0] > covered + 1):
+            raise RuntimeError(f"the calls after {covered} are gone: no standby from there")
+        # Waited for: a promotion must find the whole log there.
+        _wait(actor.adopt.remote(list(self.log.kept), list(self.log.calls)))
+        self.standby = actor
+        return len(self.log.calls)
+
+    def promote(self, peers: list[Any]) -> int:
+        """This standby's shard is the head now; ``peers`` the other shards' actors: send
+        each the whole log (each skips the calls it has run), then relay to them. How many
+        calls each was sent."""
+        self.peers = list(peers)
+        self.standby = None
+        for number, method, args in self.log.calls:
+            for s, peer in enumerate(self.peers, start=1):
+                peer.relayed.remote(number, method, *args[s])
+        return len(self.log.calls) if self.peers else 0
 
     def counters(self) -> dict[str, int]:
         log = self.log
@@ -94,8 +157,22 @@ class Relay:
             "relayed_calls": log.count,
             "log_peak_calls": log.peak,
             "log_peak_bytes": log.peak_bytes,
+            "standby_lost": self.standby_lost,
         }
+
+
+def _wait(reply: Any) -> None:
+    """Wait for an actor call's reply (a stand-in actor that ran the call directly, as in
+    the unit tests, returns no reference)."""
+    import ray
+
+    if isinstance(reply, ray.ObjectRef):
+        ray.get(reply)
 
 
 def _copy(array: np.ndarray | None) -> np.ndarray | None:
     return None if array is None else np.array(array)
+
+
+def _copy_dict(arrays: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
+    return None if arrays is None else {k: np.array(v) for k, v in arrays.items()}

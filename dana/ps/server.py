@@ -53,6 +53,17 @@ numbers on from shard 0's last seq, which is every shard's). ``relay_pull`` and
 which the worker fetches directly (pulled parameters do not pass through shard 0).
 Shard 0 logs the calls it relays, so that the driver can rebuild a lost shard
 ``s >= 1`` (:mod:`dana.ps.recovery`; ``trim``, ``rebind``, ``relay_counters``).
+Every relayed call is numbered and runs on a receiver through :meth:`relayed`, which
+skips a number it has run already.
+
+Standby (every Ray run, also with one shard): a second actor of shard 0
+(``standby=True``) receives every call the head passes on, with every shard's
+arguments, before anyone else and before the head answers (:meth:`replica`; the head
+waits for it); it runs shard 0's part exactly as the head did (the staleness gate
+follows the head's decisions instead of making its own) and keeps the same log. It
+answers workers' calls with :data:`NOT_HEAD` until the driver promotes it
+(:meth:`promote`) when the head is lost; the driver then gives it a new standby
+(:meth:`attach_standby`).
 
 Counters: ``steps`` (gradient computations, local ones included: the simulator's
 ``steps``; epochs are ``steps / batches_per_epoch``), ``pushes`` (messages applied) and
@@ -87,6 +98,8 @@ from dana.train.schedule import schedule_epoch
 
 APPLIED, DUPLICATE, LOCAL, STOP, PARAMS = "applied", "duplicate", "local", "stop", "params"
 WAIT = "wait"  # bounded staleness: the call is refused for now; ask again
+NOT_HEAD = "not-head"  # a standby not (yet) promoted: ask again, or the next one
+HEAD, STANDBY, SHARD = "head", "standby", "shard"  # roles
 
 # Arrays from Ray's object store are read-only; the rules only read messages.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -114,6 +127,8 @@ class ShardServer:
             :func:`~dana.ps.recovery.recovery_state`.
         algorithm: the run's algorithm, built once by the driver (``None``: build it
             from ``config``).
+        standby: a standby of shard 0 (it follows the head until promoted).
+        replicated: shard 0 of a run with a standby: log every call, also with one shard.
     """
 
     def __init__(
@@ -131,6 +146,8 @@ class ShardServer:
         peers: list[str] | None = None,
         recovered: dict[str, Any] | None = None,
         algorithm: Algorithm | None = None,
+        standby: bool = False,
+        replicated: bool = False,
     ):
         torch.set_num_threads(1)
         cfg = TrainConfig.from_dict(config)
@@ -140,8 +157,11 @@ class ShardServer:
         self.synchronous = algorithm.synchronous
         bounded = bounds_staleness(cfg.max_staleness, self.synchronous)
         self.gate = StalenessGate(cfg.max_staleness) if bounded and shard == 0 else None
-        self.relay = Relay(peers or [], self.k)
-        self.calls = 0  # pulls, pushes and stops run (on s >= 1: the relayed calls)
+        self.role = SHARD if shard > 0 else STANDBY if standby else HEAD
+        self.relay = Relay(peers or [], self.k, logged=standby or replicated)
+        self.calls = 0  # pulls, pushes and stops run (on s >= 1, a standby: relayed calls)
+        self.following = False  # running a call the head decided (a standby)
+        self.repeats = self.call_gaps = 0  # relayed calls skipped (run already), missed
         self.snapshot_at = -math.inf  # when the last recovery snapshot was taken
         self.master = algorithm.master(torch.from_numpy(params), self.k)  # (a copy)
         self._plain_pull = type(self.master).pull is MasterRule.pull  # pull == copy theta
@@ -189,7 +209,8 @@ class ShardServer:
         start of training, earlier by the training time before a resume)."""
         self.clock_zero = clock_zero
         self.cycle_start = [time.time()] * self.k
-        self.relay.connect()
+        if self.role == HEAD:
+            self.relay.connect()
         self._after_step(moved=True)  # the snapshot of point 0, if due
 
     def pull(
@@ -226,6 +247,7 @@ class ShardServer:
         if (
             message is not None  # (a local step is never held: its worker stays in flight)
             and self.gate is not None
+            and not self.following  # (a standby applies what its head applied)
             and not self.gate.may_push(worker, self.pushes, now)
         ):
             return WAIT  # held: not applied, its seq not taken; the worker sends it again
@@ -285,12 +307,16 @@ class ShardServer:
             return status, None, self.lr()  # held, or applied and the pull must wait
         return status, self._serve(worker, join=False), self.lr()
 
-    # -- relayed calls (shard 0 of a sharded run) ------------------------------------------
+    # -- relayed calls (shard 0: the head) ------------------------------------------------
     def relay_pull(self, worker: int, join: bool = False) -> tuple[Any, ...]:
-        """:meth:`pull`, then the same pull on every other shard if it was served: the
-        reply and, last, the references of the other shards' replies."""
+        """:meth:`pull`, then the same pull on the standby and every other shard if it was
+        served: the reply and, last, the references of the other shards' replies."""
+        if self.role != HEAD:
+            return NOT_HEAD, None, math.nan, 0, 0, []
         reply = self.pull(worker, join)
-        return (*reply, self._relay_pull(worker) if reply[0] == PARAMS else [])
+        if reply[0] == PARAMS:
+            self.relay.pull(worker)
+        return (*reply, self.relay.flush()[-1] if reply[0] == PARAMS else [])
 
     def relay_push(
         self,
@@ -303,14 +329,19 @@ class ShardServer:
         pieces: list[Any] | None,
         offsets: list[np.ndarray | None],
     ) -> str:
-        """:meth:`push`, then the same push on every other shard if it was taken.
+        """:meth:`push`, then the same push on the standby and every other shard if it was
+        taken.
 
         ``pieces``: the other shards' slices of the message (``None`` for a local step),
         which this shard sends on from its own copies (so they outlive the worker);
         ``offsets``: their probe coordinates of the worker's ``theta_offset``.
         """
+        if self.role != HEAD:
+            return NOT_HEAD
         status = self.push(worker, seq, message, loss, offset, buffers)
-        self._relay_push(status, worker, seq, pieces, offsets)
+        own = (worker, seq, message, loss, offset, buffers)
+        self._relay_push(status, own, pieces, offsets)
+        self.relay.flush()
         return status
 
     def relay_exchange(
@@ -325,23 +356,70 @@ class ShardServer:
         offsets: list[np.ndarray | None],
     ) -> tuple[str, np.ndarray | None, float, list[Any]]:
         """:meth:`exchange`, relayed: (status, params, lr, the other shards' pull replies)."""
+        if self.role != HEAD:
+            return NOT_HEAD, None, math.nan, []
         status, params, lr = self.exchange(worker, seq, message, loss, offset, buffers)
-        self._relay_push(status, worker, seq, pieces, offsets)
-        return status, params, lr, [] if params is None else self._relay_pull(worker)
+        own = (worker, seq, message, loss, offset, buffers)
+        self._relay_push(status, own, pieces, offsets)
+        if params is not None:
+            self.relay.pull(worker)
+        refs = self.relay.flush()[-1]
+        return status, params, lr, refs if params is not None else []
 
     def _relay_push(
         self,
         status: str,
-        worker: int,
-        seq: int,
+        own: tuple,
         pieces: list[Any] | None,
         offsets: list[np.ndarray | None],
     ) -> None:
         if status in (APPLIED, LOCAL):
-            self.relay.push(worker, seq, pieces, offsets)
+            self.relay.push(own, own[0], own[1], pieces, offsets)
 
-    def _relay_pull(self, worker: int) -> list[Any]:
-        return self.relay.pull(worker)
+    # -- receiving relayed calls (shards s >= 1, the standby) -------------------------------
+    def relayed(self, number: int, method: str, *args: Any) -> Any:
+        """Run relayed call ``number`` (``pull``, ``push`` or ``stop`` with ``args``) if it
+        is the next one; a call run already (a replay, a promotion's resend) is skipped."""
+        if number <= self.calls:
+            self.repeats += 1
+            return None
+        if number != self.calls + 1:
+            self.call_gaps += 1  # (never expected: counted, for the tests to check)
+        if method == "stop":
+            return self._halt()
+        return getattr(self, method)(*args)
+
+    def replica(self, calls: list[tuple[int, str, list[tuple]]]) -> None:
+        """A standby: the head's calls ``(number, method, every shard's args)``: log each,
+        and run shard 0's part of those past this standby's count, as the head did."""
+        for number, method, args in calls:
+            self.relay.log.append(method, args, number)
+            if number <= self.calls:
+                continue
+            self.following = True
+            try:
+                self.relayed(number, method, *args[0])
+            finally:
+                self.following = False
+            if method == "pull":  # (the head passed the join on already)
+                self.relay.rejoined[args[0][0]] = False
+
+    def adopt(self, kept: list[int], calls: list[tuple[int, str, list[tuple]]]) -> None:
+        """A new standby: the head's whole log (``kept``: what the driver's snapshots
+        cover), then its calls from now on (:meth:`replica`)."""
+        self.relay.log.kept = list(kept)
+        self.replica(calls)
+
+    def promote(self, peers: list[Any]) -> int:
+        """The head was lost: this standby is the head now, ``peers`` the other shards.
+        Sends them its log (each skips what it has); how many calls."""
+        self.role = HEAD
+        return self.relay.promote(peers)
+
+    def attach_standby(self, actor: Any, covered: int = 0) -> int:
+        """The head: ``actor``, rebuilt from a snapshot covering the calls up to
+        ``covered``, is its standby now (sent the whole log); how many calls."""
+        return self.relay.attach(actor, covered)
 
     # -- recovery of a lost shard s >= 1 (dana.ps.recovery) -----------------------------
     def trim(self, shard: int, covered: int) -> None:
@@ -362,7 +440,7 @@ class ShardServer:
         snapshots = self.snapshots.drain()
         waits, wait_time = self._waits()
         recovery = None
-        if self.shard > 0 and time.time() - self.snapshot_at >= SNAPSHOT_SECONDS:
+        if self.role != HEAD and time.time() - self.snapshot_at >= SNAPSHOT_SECONDS:
             self.snapshot_at = time.time()
             recovery = recovery_state(self)
         return {
@@ -378,15 +456,21 @@ class ShardServer:
         }
 
     def stop(self) -> list[Any]:
-        """Stop; shard 0 that relays also stops the other shards, after every call it
-        relayed to them (the references of those stops, for the driver to wait on)."""
+        """Stop; the head also stops its standby and the other shards, after every call it
+        relayed to them (the references of the other shards' stops)."""
+        self._halt()
+        return self.relay.stop()
+
+    def _halt(self) -> None:
         self.calls += 1
         self.stopped = True
-        return self.relay.stop()
 
     def forget(self, worker: int) -> None:
         if self.gate is not None:
             self.gate.forget(worker)
+
+    def role_of(self) -> str:
+        return self.role
 
     def counters(self) -> dict[str, Any]:
         waits, wait_time = self._waits()
@@ -406,6 +490,9 @@ class ShardServer:
             "applied": list(self.applied),
             "joins": list(self.joins),
             "calls": self.calls,
+            "repeats": self.repeats,
+            "call_gaps": self.call_gaps,
+            "role": self.role,
         }
 
     # -- state --------------------------------------------------------------------------
@@ -446,6 +533,9 @@ class ShardServer:
         """The start gate (bounded staleness): whether ``worker`` may pull now; records
         its start if so."""
         if self.gate is None:
+            return True
+        if self.following:  # a standby: the head admitted it
+            self.gate.admit(worker, self.pushes, join)
             return True
         if join:  # a new process: its earlier incarnation's records go
             self.gate.forget(worker)

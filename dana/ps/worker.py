@@ -9,7 +9,8 @@ own state, e.g. ``dana-slim``'s momentum ``v_i``). One step, as in the simulator
    stream, ``g = grad f(p_i) + wd * p_i`` (the floor's :class:`~dana.train.step.WorkerStep`);
 2. ``rule.set_lr(lr)``, ``message = rule.message(0, g)`` (``None``: a local step,
    counted by the servers, no pull); with ``--time-scale``, sleep to the emulated step
-   time (:mod:`dana.ps.delay`). ``lr`` is the learning rate the servers sent with the
+   time (:mod:`dana.ps.delay`; a rule that ``uses_speed``, Dynamic Local Updates, is
+   told this worker's emulated speed relative to the fastest once, at construction). ``lr`` is the learning rate the servers sent with the
    parameters (the simulator's is the one at the push: they differ only by how far the
    schedule moved during one step);
 3. push the message with the next sequence number and pull in the same round trip
@@ -30,7 +31,8 @@ is used once in expectation.
 
 A worker that crashes is restarted by Ray (``max_restarts``) and rejoins: its first pull
 is a ``join``, which tells it the last sequence number the servers applied, so no push
-is applied twice; its rule state (``dana-slim``'s ``v_i``) starts again from zero, as for
+is applied twice (and a call a lost shard 0 left unanswered goes again to its promoted
+standby: :mod:`dana.ps.link`); its rule state (``dana-slim``'s ``v_i``) starts again from zero, as for
 a new worker.
 """
 
@@ -41,14 +43,13 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
-import ray
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm
-from dana.ps.delay import StepDelay
+from dana.algorithms.base import Algorithm, move_tensors
+from dana.ps.delay import StepDelay, worker_speed
 from dana.ps.layout import Layout
-from dana.ps.link import ServerLink
+from dana.ps.link import ServerLink, find_head
 from dana.ps.server import APPLIED, DUPLICATE, LOCAL, STOP, WAIT
 from dana.train.batches import BatchStream
 from dana.train.config import TrainConfig
@@ -86,16 +87,27 @@ class Worker:
             algorithm = self.config.build_algorithm()
         dtype = getattr(torch, self.config.dtype)
         self.rule = algorithm.worker(1, d, dtype)
+        # (with --device cuda on a GPU node: compute there, exchange with the servers on
+        # the CPU)
+        if algorithm.uses_speed:  # the emulated speeds: the run's timing model (--time-scale)
+            self.rule.set_speed(0, worker_speed(self.config, index))
+        self.device = self.problem.flat.flat.device
+        if self.device.type != "cpu":
+            move_tensors(self.rule, self.device)
         self.worker_step = WorkerStep(self.rule, self.problem.gradient, self.config.weight_decay)
-        # Several shards: the workers call shard 0 only, which relays (and whose lost
-        # peers the driver rebuilds under new names).
+        # The workers call shard 0 only, which relays to its standby and the other shards
+        # (whose lost ones the driver rebuilds under new names); a lost shard 0 is
+        # replaced by its standby, found by name (dana.ps.link.find_head).
+        generation, head = find_head(servers[0])
         self.link = ServerLink(
-            [ray.get_actor(servers[0]), *([None] * (len(servers) - 1))],
+            [head, *([None] * (len(servers) - 1))],
             Layout(d, self.config.servers, self.config.seed),
             index,
             dtype,
-            relay=True,  # (with one shard there is nothing to relay)
+            relay=True,
+            head=servers[0],
         )
+        self.link.generation = generation
         self.sends_offset = self.rule.theta_offset(1.0) is not None
         self.has_buffers = any(True for _ in self.problem.flat.module.buffers())
         self.stream: BatchStream | None = None  # created when this process first joins
@@ -151,11 +163,14 @@ class Worker:
     def _step(self, params: Tensor, counts: Counter[str], exchange: bool) -> Tensor | None:
         """One gradient computation and its push; the next parameters (None: stop)."""
         started = time.perf_counter()
-        grad, loss = self.worker_step.gradient(0, params, self.stream.next())
+        grad, loss = self.worker_step.gradient(0, params.to(self.device), self.stream.next())
         message = self.worker_step.message(0, grad, self.lr)
         offset = self.rule.theta_offset(1.0) if self.sends_offset and message is not None else None
+        if self.device.type != "cpu":
+            message = None if message is None else message.cpu()
+            offset = None if offset is None else offset.cpu()
         buffers = (
-            {k: v.numpy() for k, v in self.problem.flat.buffers_state().items()}
+            {k: v.cpu().numpy() for k, v in self.problem.flat.buffers_state().items()}
             if self.has_buffers and message is not None
             else None
         )

@@ -16,7 +16,11 @@ import math
 import time
 from typing import Any
 
+import torch
+
 from dana.algorithms.base import Algorithm
+from dana.errors import ConfigError
+from dana.sim.compute import auto_batch_workers
 from dana.sim.simulator import Simulator
 from dana.train.batches import BatchStream
 from dana.train.config import TrainConfig
@@ -25,6 +29,42 @@ from dana.train.problem import Problem
 from dana.train.progress import Progress
 from dana.train.rundir import RunDir
 from dana.train.runner import build_schedule, stop_points
+from dana.train.stacked import running_buffers
+
+
+def engine_settings(
+    config: TrainConfig, problem: Problem, threads: int, batches: BatchStream
+) -> tuple[int, int]:
+    """``(batch_workers, threads)`` for the simulator (:mod:`dana.sim.compute`).
+
+    ``--batch-workers B`` (``auto``: :func:`~dana.sim.compute.auto_batch_workers`) takes
+    the batched engine; a gradient that draws random numbers (augmentation) is then a
+    ConfigError. Otherwise ``--threads N > 1`` on the CPU takes the threaded engine (N
+    workers' gradients at once, one intra-op thread each) where the gradient draws no
+    random numbers; else the run computes one worker at a time on N intra-op threads
+    (set by the caller), as before."""
+    random = getattr(problem, "random_gradient", False)
+    batch_workers = config.batch_workers
+    if batch_workers == "auto":
+        source = problem.source()
+        batch_workers = auto_batch_workers(
+            source, config.workers, torch.arange(batches.batch_size), problem.flat.flat.device
+        )
+    if batch_workers > 1:
+        if random:
+            raise ConfigError(
+                f"--batch-workers {config.batch_workers}: the gradients of {config.dataset} "
+                "draw random numbers (augmentation), whose order would differ from the "
+                "sequential simulator's: add --no-augment, or use --batch-workers 1"
+            )
+        try:
+            running_buffers(problem.flat.module)
+        except ValueError as e:
+            raise ConfigError(f"--batch-workers {config.batch_workers}: {e}") from None
+        return batch_workers, 1
+    if threads > 1 and problem.flat.flat.device.type == "cpu" and not random:
+        return 1, threads
+    return 1, 1
 
 
 class SimRun:
@@ -36,12 +76,14 @@ class SimRun:
         run: RunDir,
         problem: Problem,
         algorithm: Algorithm | None = None,
+        threads: int = 1,
     ):
         self.config, self.run, self.problem = config, run, problem
         algorithm = (
             algorithm if algorithm is not None else config.build_algorithm()
         )  # (train() gives the one it built)
         self.batches = BatchStream(problem.dataset.train_size, config.batch_size, seed=config.seed)
+        batch_workers, threads = engine_settings(config, problem, threads, self.batches)
         self.sim = Simulator(
             algorithm,
             problem.initial_params(),
@@ -54,6 +96,9 @@ class SimRun:
             timing_params=config.timing_params,
             seed=config.seed,
             max_staleness=config.max_staleness,
+            batch_workers=batch_workers,
+            threads=threads,
+            source=problem.source() if batch_workers > 1 or threads > 1 else None,
         )
         self.rows: list[dict[str, float]] = []
         self.logged = 0  # pushes already summarised in a metrics row

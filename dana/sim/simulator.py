@@ -32,6 +32,12 @@ Every push counts as an update in the gates (exact for every asynchronous rule).
 rounds whose staleness is 0 (its barrier is the ``s = 0`` of an averaging master) and
 ignores the bound. ``max_staleness=None`` (the default) never waits.
 
+Batched and threaded gradients (``batch_workers=B``, ``threads=N``, with a ``source``):
+an engine of :mod:`dana.sim.compute` computes the due worker's gradient together with
+those of the next in-flight workers (:meth:`Simulator._due`), ahead of their pushes,
+which are then processed exactly as above. On a device (``params`` on a GPU) the rules'
+state and the simulator's buffers live there too.
+
 Example::
 
     >>> import torch, dana
@@ -58,13 +64,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm, check_workers, per_worker_zeros
+from dana.algorithms.base import Algorithm, check_workers, move_tensors, per_worker_zeros
+from dana.sim.compute import build_engine
 from dana.train.batches import BatchStream
 from dana.train.gate import StalenessGate, bounds_staleness
 from dana.train.pushlog import PushLog
 from dana.train.schedule import schedule_epoch
+from dana.train.stacked import GradientSource
 from dana.train.step import GradientFn, WorkerStep
-from dana.train.timing import TimingModel, build_timing
+from dana.train.timing import TimingModel, build_timing, relative_speeds
 
 
 class Simulator:
@@ -86,6 +94,13 @@ class Simulator:
         measure_gap: record the gap of every push (O(d) per push).
         max_staleness: bound every push's staleness by this (see the module docstring);
             ``None``: no bound.
+        batch_workers: compute the gradients of up to this many in-flight workers in
+            one vectorised call (:mod:`dana.sim.compute`); needs ``source``.
+        threads: compute up to this many in-flight gradients at once on as many
+            threads (when ``batch_workers`` is 1); needs ``source``.
+        source: the model, loss and data (:class:`dana.train.stacked.GradientSource`)
+            the batched and threaded engines compute with; ``gradient`` is then used
+            by neither.
     """
 
     def __init__(
@@ -103,6 +118,9 @@ class Simulator:
         seed: int = 0,
         measure_gap: bool = True,
         max_staleness: int | None = None,
+        batch_workers: int = 1,
+        threads: int = 1,
+        source: GradientSource | None = None,
     ):
         self.algorithm = algorithm
         self.k = check_workers(workers)
@@ -137,7 +155,14 @@ class Simulator:
         d = params.numel()
         self.master = algorithm.master(params, self.k)
         self.workers = algorithm.worker(self.k, d, params.dtype)
+        if algorithm.uses_speed:  # Dynamic Local Updates: the timing model's mean speeds
+            for i, speed in enumerate(relative_speeds(self.timing)):
+                self.workers.set_speed(i, speed)
+        if params.device.type != "cpu":
+            move_tensors(self.master, params.device)
+            move_tensors(self.workers, params.device)
         self.worker_step = WorkerStep(self.workers, gradient, weight_decay)
+        self.engine = build_engine(self.worker_step, source, batch_workers, threads)
         # the parameters each worker computes at
         self.sent = per_worker_zeros(self.k, d, params.dtype, params.device)
         self._diff = params.new_empty(d)
@@ -234,7 +259,17 @@ class Simulator:
 
     def _gradient(self, i: int) -> tuple[Tensor, float]:
         """Worker ``i``'s gradient (weight decay included) on its batch, and the loss."""
-        return self.worker_step.gradient(i, self.sent[i], self.batch[i])
+        if self.engine is None:
+            return self.worker_step.gradient(i, self.sent[i], self.batch[i])
+        return self.engine.gradient(i, self.sent.__getitem__, self.batch.__getitem__, self._due)
+
+    def _due(self, i: int) -> list[int]:
+        """The workers whose gradients come after worker ``i``'s, in that order: the
+        rest of a synchronous round, else the queue by finish time."""
+        if self.synchronous and not self.bounded:
+            return list(range(i + 1, self.k))
+        size = self.engine.size if self.engine is not None else 1
+        return [j for _, j in heapq.nsmallest(size, self.queue)]
 
     def _message(self, i: int, grad: Tensor, lr: float) -> Tensor | None:
         """Worker ``i``'s message for ``grad``, made at ``lr`` (``None``: a local step)."""
@@ -359,6 +394,7 @@ class Simulator:
             "wait_time": self.wait_time,
             "waits": self.waits,
             **(self._bounded_state() if self.gate is not None else {}),
+            **({"engine": self.engine.state_dict()} if self.engine is not None else {}),
         }
 
     def _bounded_state(self) -> dict[str, Any]:
@@ -391,6 +427,8 @@ class Simulator:
         self.timing.load_state_dict(state["timing"])
         self.batches.load_state_dict(state["batches"])
         self.log.load_state_dict(state["log"])
+        if self.engine is not None:  # (no pending gradients: they are computed again)
+            self.engine.load_state_dict(state.get("engine", {}), self.sent.device)
         if self.gate is not None:
             gate = self.gate = StalenessGate(self.max_staleness)
             gate.wait_time = float(state.get("wait_time", 0.0))

@@ -39,6 +39,7 @@ AUTO_WARMUP_STEPS = 60
 #: The automatic decay (x lr_decay_factor) comes at this fraction of the run.
 AUTO_DECAY_AT = 0.9
 DTYPES = ("float32", "float64")
+DEVICES = ("cpu", "cuda", "auto")
 
 
 @dataclass
@@ -80,6 +81,8 @@ class TrainConfig:
     address: str | None = None
     servers: int = 1
     time_scale: float = 0.0
+    device: str = "cpu"
+    batch_workers: int | str = 1
 
     # -- construction -------------------------------------------------------------------
     @classmethod
@@ -190,7 +193,17 @@ class TrainConfig:
                 "into shards; use --servers 1"
             )
         _check_algorithm_params(self.algorithm, self.algorithm_params)
-        self.build_algorithm()
+        if self.device == "cuda":
+            from dana.train.device import check_cuda
+
+            check_cuda("--device cuda")
+        if self.build_algorithm().uses_speed and self.backend == "ray" and self.time_scale <= 0:
+            raise ConfigError(
+                f"--algorithm {self.algorithm} with dynamic_steps sizes each worker's local "
+                "phase by its speed relative to the fastest worker's, which a Ray worker "
+                "knows only from the emulated step times: pass --time-scale S > 0 (with "
+                "--timing heterogeneous or trace), or set dynamic_steps to false"
+            )
         return self
 
     def build_algorithm(self) -> Algorithm:
@@ -221,7 +234,8 @@ MAX_SEED = 2**32 - 1
 class Rule:
     """The type and range of one option: ``kind`` is int, float, bool, str, list or dict;
     numbers lie in ``[low, high]`` (``(low, high]`` when ``open_low``); ``choices``
-    (a tuple) lists the accepted strings; ``optional``: None is accepted too.
+    (a tuple) lists the accepted strings (for an int: the words accepted besides
+    integers, as ``auto``); ``optional``: None is accepted too.
 
     Types are strict: a boolean is ``true`` or ``false`` (the string "no" is refused,
     not read as true), an integer is not a float or a boolean, a number is finite."""
@@ -248,8 +262,11 @@ class Rule:
                     )
                 )
         elif self.kind is int:
+            if isinstance(value, str) and value in self.choices:
+                return
             if isinstance(value, bool) or not isinstance(value, int) or not self._in_range(value):
-                raise ConfigError(f"{flag} must be an integer {self._range()}, got {value!r}")
+                also = "".join(f" or {c}" for c in self.choices)
+                raise ConfigError(f"{flag} must be an integer {self._range()}{also}, got {value!r}")
         elif self.kind is float:
             ok = (
                 isinstance(value, int | float)
@@ -342,6 +359,8 @@ SCHEMA: dict[str, Rule] = {
     "address": Rule(str, optional=True),
     "servers": Rule(int, low=1),
     "time_scale": Rule(float, low=0),
+    "device": Rule(str, choices=DEVICES),
+    "batch_workers": Rule(int, low=1, choices=("auto",)),
 }
 
 

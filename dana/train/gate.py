@@ -82,6 +82,16 @@ class StalenessGate:
         self._started(worker, pushes)
         return True
 
+    def admit(self, worker: int, pushes: int, join: bool) -> None:
+        """Start ``worker`` without a decision: a replica following the decisions of the
+        gate it copies (the Ray runtime's standby of shard 0)."""
+        if join:
+            self.forget(worker)
+        else:
+            self.pushed(worker)
+        self.idle = [(w, t) for w, t in self.idle if w != worker]
+        self._started(worker, pushes)
+
     def queue(self, worker: int, now: float) -> None:
         """``worker`` waits to start, from ``now`` on, behind the workers already waiting."""
         self.idle.append((worker, now))

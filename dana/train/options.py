@@ -47,6 +47,15 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected numbers like '80,120', got {text!r}") from None
 
 
+def _int_or_auto(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or auto, got {text!r}") from None
+
+
 def _key_value(text: str) -> tuple[str, Any]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -125,6 +134,21 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
         "checkpoint every this many epochs (0: never)",
     ),
     ("--dtype", "dtype", str, "float32 or float64"),
+    (
+        "--device",
+        "device",
+        str,
+        "where the simulator computes: cpu, cuda, or auto (cuda when torch sees a GPU); "
+        "with --backend ray, each worker takes a GPU when the cluster has them",
+    ),
+    (
+        "--batch-workers",
+        "batch_workers",
+        _int_or_auto,
+        "the simulator computes the gradients of up to B in-flight workers in one "
+        "vectorised call (torch.func.vmap); 1: one at a time; auto: as many as fit the "
+        "device (1 on the CPU)",
+    ),
     ("--backend", "backend", str, "sim (the simulator) or ray (real workers on Ray)"),
     ("--address", "address", str, "with --backend ray: the address of a running Ray cluster"),
     ("--servers", "servers", int, "with --backend ray: parameter-server shards"),
@@ -153,10 +177,12 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
         "--threads",
         "threads",  # not a TrainConfig field: no part of the run's result (config.json)
         int,
-        "the number of CPU threads the run uses (torch's intra-op threads; 0: one per "
-        "core). A run's result does not depend on it, so it is not saved in config.json and "
-        "may be given with --resume. The default, 1 (or OMP_NUM_THREADS where set), holds "
-        "up when other processes keep cores busy: more threads spin-wait against them "
+        "the number of CPU threads the run uses (0: one per core): the simulator "
+        "computes N in-flight workers' gradients at once, one thread each (with "
+        "augmentation, or --batch-workers, N intra-op threads instead). A run's result "
+        "does not depend on it, so it is not saved in config.json and may be given with "
+        "--resume. The default, 1 (or OMP_NUM_THREADS where set), holds up when other "
+        "processes keep cores busy: more threads spin-wait against them "
         "(docs/BENCHMARKS.md)",
         {"metavar": "N", "default_help": None},
     ),

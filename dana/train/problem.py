@@ -17,7 +17,9 @@ from torch import Tensor
 from dana.data import Dataset, augment_batch, load_dataset
 from dana.models import build_model
 from dana.train.config import TrainConfig
+from dana.train.device import resolve_device
 from dana.train.flat import FlatModel
+from dana.train.stacked import GradientSource
 
 
 class Problem:
@@ -40,19 +42,39 @@ class Problem:
                 f"training examples of {ds.name}"
             )
         dtype = getattr(torch, config.dtype)
+        self.device = resolve_device(config.device)
         torch.manual_seed(config.seed)
         model = build_model(config.model, ds.channels, ds.image_size, ds.num_classes)
-        self.flat = FlatModel(model, dtype)
-        if dtype != torch.float32:
-            for name in ("train_x", "test_x"):
-                setattr(ds, name, getattr(ds, name).to(dtype))
+        self.flat = FlatModel(model.to(self.device), dtype)
+        for name in ("train_x", "test_x", "train_y", "test_y"):
+            t = getattr(ds, name)
+            if t.is_floating_point() and dtype != torch.float32:
+                t = t.to(dtype)
+            setattr(ds, name, t.to(self.device))
+        # (on the CPU: the draws of every augmentation, in the order gradients are computed)
         self.augment_generator = torch.Generator().manual_seed(config.seed + 1_000_003)
+
+    @property
+    def random_gradient(self) -> bool:
+        """True when a gradient draws random numbers (augmentation): its result then
+        depends on the order gradients are computed in."""
+        return bool(self.dataset.augment)
+
+    def source(self) -> GradientSource:
+        """The model, loss and data, for the simulator's batched and threaded engines."""
+        return GradientSource(self.flat, F.cross_entropy, self.inputs, self.random_gradient)
+
+    def inputs(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """The examples ``rows`` of the training set, unaugmented, on the device."""
+        rows = rows.to(self.device)
+        return self.dataset.train_x[rows], self.dataset.train_y[rows]
 
     def initial_params(self) -> Tensor:
         return self.flat.flat.clone()
 
     def gradient(self, params: Tensor, rows: Tensor) -> tuple[Tensor, float]:
         """The loss's gradient (no weight decay) at ``params`` on the examples ``rows``."""
+        rows = rows.to(self.device)
         x = self.dataset.train_x[rows]
         if self.dataset.augment:
             x = augment_batch(x, self.augment_generator)

@@ -9,9 +9,11 @@ runs many times slower (docs/BENCHMARKS.md, "Threads under load"). ``0`` means o
 core.
 
 Memory (:func:`check_memory`): the simulator holds ``(k, d)`` per-worker state (what
-each worker computes at, the rule's per-worker vectors); :func:`state_bytes` counts it
-from the rule itself (its state at a small ``d``, for one and two workers) and the run
-is refused before it starts when the estimate exceeds the memory available.
+each worker computes at, the rule's per-worker vectors; with ``--batch-workers B`` also
+``B`` stacked pulled copies and gradients), on the run's device; :func:`state_bytes`
+counts it from the rule itself (its state at a small ``d``, for one and two workers)
+and the run is refused before it starts when the estimate exceeds the memory available
+there.
 """
 
 from __future__ import annotations
@@ -130,8 +132,13 @@ def check_memory(config: Any, d: int, available: int | None = None) -> int:
     as a checkpoint serialises a copy) does not fit the memory available; the bytes."""
     dtype = getattr(torch, config.dtype)
     need = state_bytes(config.algorithm, config.algorithm_hparams(), config.workers, d, dtype)
+    batch_workers = getattr(config, "batch_workers", 1)
+    if isinstance(batch_workers, int) and batch_workers > 1:
+        # the batched engine's stacked pulled copies and gradients (activations aside)
+        need += 2 * min(batch_workers, config.workers) * d * dtype.itemsize
     peak = 2 * need if config.checkpoint_every > 0 else need
-    available = available_memory() if available is None else available
+    if available is None:
+        available = _device_memory(getattr(config, "device", "cpu"))
     if available is not None and peak > available:
         per_worker = need / config.workers / 2**20
         raise ConfigError(
@@ -142,6 +149,13 @@ def check_memory(config: Any, d: int, available: int | None = None) -> int:
             f"{max(1, int(config.workers * available / peak)):,} workers or a smaller model"
         )
     return peak
+
+
+def _device_memory(device: str) -> int | None:
+    """The free memory where the state lives: the GPU's for a CUDA run, else the host's."""
+    if device in ("cuda", "auto") and torch.cuda.is_available():
+        return int(torch.cuda.mem_get_info()[0])
+    return available_memory()
 
 
 def _gib(n: float) -> str:

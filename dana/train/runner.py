@@ -66,13 +66,15 @@ def train(
     resume: bool = False,
     progress: bool = True,
     version: str = "",
+    threads: int = 1,
 ) -> dict[str, Any]:
     """Run ``config`` into the run directory ``out`` (``resume``: continue it).
 
     A new run goes only into a new or empty directory; one that fails before its first
     evaluation (bad input found late, an unreachable cluster) leaves nothing behind. A
     resumed run removes the temporary files a kill inside a write left, and refuses a
-    checkpoint that does not fit its config.json."""
+    checkpoint that does not fit its config.json. ``threads``: the CPU threads the run
+    uses (``--threads``; the simulator computes that many workers' gradients at once)."""
     run = RunDir(out)
     if resume:
         if run.path.exists() and not run.path.is_dir():
@@ -96,7 +98,8 @@ def train(
         state = run.load_checkpoint()
     created = not run.path.exists()
     try:
-        runner = runner_class(config.backend)(config, run, problem, algorithm)
+        extra = {"threads": threads} if config.backend == "sim" else {}
+        runner = runner_class(config.backend)(config, run, problem, algorithm, **extra)
         if state is not None:
             _check_settings(run, state.pop(SETTINGS_KEY, None), config)
             try:

@@ -17,6 +17,10 @@ gives the same durations.
   ``worker,duration`` and one row per computation (the format every Ray run writes to
   ``step_times.csv``). Worker ``i`` replays the durations of trace worker
   ``i % m`` (``m`` workers in the file) in order, cycling when they run out.
+
+Every model also states each worker's mean step time (:meth:`TimingModel.mean_time`);
+:func:`relative_speeds` turns them into the speeds relative to the fastest worker that
+Dynamic Local Updates size each worker's local phase by.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ class TimingModel:
     def sample(self, worker: int) -> float:
         raise NotImplementedError
 
+    def mean_time(self, worker: int) -> float:
+        """The expected duration of worker ``worker``'s computations (its speed is the
+        inverse): what Dynamic Local Updates read (:func:`relative_speeds`)."""
+        raise NotImplementedError(f"timing model {self.name!r} gives no mean step time")
+
     def params(self) -> dict[str, Any]:
         return {}
 
@@ -64,6 +73,9 @@ class Constant(TimingModel):
     def sample(self, worker: int) -> float:
         return self.duration
 
+    def mean_time(self, worker: int) -> float:
+        return self.duration
+
     def params(self) -> dict[str, Any]:
         return {"duration": self.duration}
 
@@ -78,6 +90,9 @@ class Gamma(TimingModel):
 
     def sample(self, worker: int) -> float:
         return float(self.rng.gamma(self.shape, self.scale))
+
+    def mean_time(self, worker: int) -> float:
+        return self.shape * self.scale
 
     def params(self) -> dict[str, Any]:
         return {"shape": self.shape, "scale": self.scale}
@@ -104,6 +119,9 @@ class Heterogeneous(TimingModel):
     def sample(self, worker: int) -> float:
         shape = 1.0 / self.task_cv**2
         return float(self.rng.gamma(shape, self.worker_means[worker] / shape))
+
+    def mean_time(self, worker: int) -> float:
+        return float(self.worker_means[worker])
 
     def params(self) -> dict[str, Any]:
         return {"mean": self.mean, "machine_cv": self.machine_cv, "task_cv": self.task_cv}
@@ -133,6 +151,10 @@ class Trace(TimingModel):
         self.position[worker] += 1
         return value
 
+    def mean_time(self, worker: int) -> float:
+        series = self.durations[worker % len(self.durations)]
+        return math.fsum(series) / len(series)
+
     def params(self) -> dict[str, Any]:
         return {"path": self.path}
 
@@ -142,6 +164,15 @@ class Trace(TimingModel):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.position = [int(p) for p in state["position"]]
+
+
+def relative_speeds(model: TimingModel) -> list[float]:
+    """Each worker's speed relative to the fastest worker's, in ``(0, 1]``: the fastest
+    worker's mean step time over this worker's (exactly 1.0 for every worker with the
+    fastest mean, so equal speeds give 1.0 everywhere)."""
+    means = [model.mean_time(i) for i in range(model.workers)]
+    fastest = min(means)
+    return [fastest / m for m in means]
 
 
 def read_trace(path: str | Path) -> list[list[float]]:

@@ -1,0 +1,232 @@
+"""The simulator's gradient engines: the in-flight workers' gradients, ahead of their pushes.
+
+Every in-flight worker's parameters and batch are fixed at its pull, so the gradients
+of the workers in flight do not depend on each other. When the simulator needs the
+gradient of the worker whose push is due, an engine computes it together with those of
+the next in-flight workers (in the order their pushes are due) that have none yet, and
+keeps them until their pushes come; the pushes are then applied in event order exactly
+as the sequential simulator applies them (same events, batches, staleness, log).
+
+- :class:`BatchedEngine` (``batch_workers=B``): up to ``B`` gradients in one vectorised
+  call (:class:`dana.train.stacked.StackedGradient`). Parameters equal the sequential
+  simulator's within float rounding (the vectorised kernels add in another order).
+  Memory: ``B`` stacked pulled copies and ``B`` gradients (``2 B d`` values) and ``B``
+  sets of activations; :func:`auto_batch_workers` picks ``B`` to fit the device.
+- :class:`ThreadedEngine` (``threads=N``): up to ``N`` gradients at once on ``N`` Python
+  threads, each on its own model replica, with one intra-op thread each: gradients and
+  losses are bit for bit the sequential simulator's with one thread.
+
+BatchNorm's running statistics are folded into the shared model when each push is
+processed, in event order: from each worker's contribution (batched,
+:func:`dana.train.stacked.apply_running`: within one rounding per update), or by
+replaying the kernel's update on the inputs each worker's BatchNorm layers saw
+(threaded, :func:`dana.train.stacked.replay_running`: bit for bit; memory: one set of
+those inputs per pending gradient). A gradient that
+draws random numbers (augmentation) is refused: its draws would follow the order the
+gradients are computed in, not the sequential order.
+
+The batched engine's pending gradients are part of the simulation's state
+(:meth:`Engine.state_dict`), so that a resumed run continues exactly; the threaded
+engine's are computed again after a resume, bit for bit the same.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dana.train.stacked import (
+    GradientSource,
+    Replica,
+    Running,
+    StackedGradient,
+    apply_running,
+    replay_running,
+)
+from dana.train.step import WorkerStep
+
+#: ``inflight(i)``: the other workers in flight, in the order their pushes are due.
+InFlight = Callable[[int], Iterable[int]]
+
+
+class Engine:
+    """Gradients computed ahead of their pushes, kept until the push (``pending``)."""
+
+    def __init__(self, step: WorkerStep, source: GradientSource, size: int):
+        if source.random:
+            raise ValueError(
+                "batched or threaded gradients need a gradient that draws no random "
+                "numbers (its draws must follow the sequential order): turn off "
+                "augmentation (--no-augment), or compute one worker at a time "
+                "(--batch-workers 1 --threads 1)"
+            )
+        self.step, self.source, self.size = step, source, int(size)
+        self.pending: dict[int, tuple[Tensor, float, Running]] = {}
+        self.computed = 0  # gradients computed (a measure of work ahead)
+        self.calls = 0  # calls of the engine's kernel
+
+    def gradient(
+        self,
+        i: int,
+        pulled: Callable[[int], Tensor],
+        batch: Callable[[int], Any],
+        inflight: InFlight,
+    ) -> tuple[Tensor, float]:
+        """Worker ``i``'s gradient (weight decay included) and loss. Computes it, with
+        those of the next in-flight workers without one, when it is not pending; folds
+        its running statistics into the shared model."""
+        if i not in self.pending:
+            group = [i]
+            for j in inflight(i):
+                if len(group) >= self.size:
+                    break
+                if j != i and j not in self.pending:
+                    group.append(j)
+            points = [self.step.rule.compute_at(j, pulled(j)) for j in group]
+            for j, result in zip(group, self._compute(points, [batch(j) for j in group])):
+                self.pending[j] = result
+            self.computed += len(group)
+            self.calls += 1
+        grad, loss, running = self.pending.pop(i)
+        # (restores the rule's per-computation context, as a local-step rule keeps one)
+        p = self.step.rule.compute_at(i, pulled(i))
+        if self.step.weight_decay:
+            grad.add_(p, alpha=self.step.weight_decay)
+        self._fold(running)
+        return grad, loss
+
+    def _fold(self, running: Running) -> None:
+        """Fold one worker's BatchNorm running statistics into the shared model."""
+        raise NotImplementedError
+
+    def _compute(
+        self, points: list[Tensor], batches: list[Any]
+    ) -> list[tuple[Tensor, float, Running]]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "pending": [
+                [i, g.clone(), loss, {n: t.clone() for n, t in r.items()}]
+                for i, (g, loss, r) in sorted(self.pending.items())
+            ]
+        }
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+        self.pending = {
+            int(i): (g.to(device).clone(), float(loss), {n: t.to(device) for n, t in r.items()})
+            for i, g, loss, r in state.get("pending", [])
+        }
+
+
+class BatchedEngine(Engine):
+    """Up to ``size`` gradients in one ``torch.func.vmap`` call."""
+
+    def __init__(self, step: WorkerStep, source: GradientSource, size: int):
+        super().__init__(step, source, size)
+        self.stacked = StackedGradient(source)
+        self._keep = self.stacked.keep  # (running_buffers: ValueError without a momentum)
+
+    def _fold(self, running):
+        apply_running(self.source.flat.module, self._keep, running)
+
+    def _compute(self, points, batches):
+        inputs = [self.source.inputs(b) for b in batches]
+        x = torch.stack([xy[0] for xy in inputs])
+        y = torch.stack([xy[1] for xy in inputs])
+        grads, losses, running = self.stacked(torch.stack(points), x, y)
+        return [
+            (grads[n], float(losses[n]), {k: v[n] for k, v in running.items()})
+            for n in range(len(points))
+        ]
+
+
+class ThreadedEngine(Engine):
+    """Up to ``size`` gradients at once on ``size`` threads, one replica each, with one
+    intra-op thread (set for the whole process while the engine exists)."""
+
+    def __init__(self, step: WorkerStep, source: GradientSource, size: int):
+        super().__init__(step, source, size)
+        torch.set_num_threads(1)
+        self.replicas: queue.SimpleQueue[Replica] = queue.SimpleQueue()
+        for _ in range(self.size):
+            self.replicas.put(Replica(source))
+        self.pool = ThreadPoolExecutor(self.size, thread_name_prefix="dana-worker")
+
+    def _fold(self, inputs):
+        replay_running(self.source.flat.module, inputs)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # (the pending gradients are computed again, bit for bit)
+
+    def _one(self, point: Tensor, batch: Any) -> tuple[Tensor, float, Running]:
+        replica = self.replicas.get()
+        try:
+            return replica.gradient(point, batch)
+        finally:
+            self.replicas.put(replica)
+
+    def _compute(self, points, batches):
+        if len(points) == 1:
+            return [self._one(points[0], batches[0])]
+        before = torch.random.get_rng_state()
+        results = list(self.pool.map(self._one, points, batches))
+        if not torch.equal(before, torch.random.get_rng_state()):
+            raise RuntimeError(
+                "the model drew random numbers (dropout?) while gradients were computed "
+                "on several threads: their draws would not follow the sequential order; "
+                "use --threads 1"
+            )
+        return results
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
+
+
+def build_engine(
+    step: WorkerStep, source: GradientSource | None, batch_workers: int = 1, threads: int = 1
+) -> Engine | None:
+    """The engine for ``batch_workers`` and ``threads`` (``None``: one worker at a time,
+    the sequential simulator). ``batch_workers > 1`` takes the batched engine (torch's
+    own intra-op threads then serve the one call), else ``threads > 1`` the threaded
+    one."""
+    if batch_workers < 1 or threads < 1:
+        raise ValueError(f"batch_workers and threads must be >= 1, got {batch_workers}, {threads}")
+    if batch_workers == 1 and threads == 1:
+        return None
+    if source is None:
+        raise ValueError(
+            "batched or threaded gradients need the model, loss and data "
+            "(source=dana.train.stacked.GradientSource(...))"
+        )
+    if batch_workers > 1:
+        return BatchedEngine(step, source, batch_workers)
+    return ThreadedEngine(step, source, threads)
+
+
+def auto_batch_workers(
+    source: GradientSource, workers: int, batch: Any, device: torch.device, share: float = 0.5
+) -> int:
+    """``B`` for ``batch_workers="auto"``: on the CPU 1 (the vectorised call does not
+    beat one worker at a time there: docs/BENCHMARKS.md); on a GPU the most workers
+    (at most ``workers``) whose stacked parameters, gradients and activations fit in
+    ``share`` of the free memory, from the peak memory of one probe call of two."""
+    if device.type != "cuda":
+        return 1
+    flat = source.flat
+    stacked = StackedGradient(source)
+    p = flat.flat.detach().unsqueeze(0).repeat(2, 1)
+    x, y = source.inputs(batch)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    stacked(p, torch.stack([x, x]), torch.stack([y, y]))
+    torch.cuda.synchronize(device)
+    per_worker = max(1, (torch.cuda.max_memory_allocated(device) - base) // 2)
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(1, min(workers, int(share * free // per_worker)))
