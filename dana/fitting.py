@@ -41,13 +41,14 @@ from torch.utils.data import default_collate
 
 from dana.data import Dataset
 from dana.errors import ConfigError, DanaError
+from dana.train.backends import runner_class
 from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
 from dana.train.flat import FlatModel, LossFn
-from dana.train.progress import Progress
 from dana.train.pushlog import PushLog
 from dana.train.resources import check_threads, default_threads
 from dana.train.rundir import RunDir
+from dana.train.runner import execute_run, start_run
 from dana.train.stacked import GradientSource
 
 ModelOrFactory = nn.Module | Callable[[], nn.Module]
@@ -360,28 +361,14 @@ def _run_on(
         from dana.ps.cluster import import_ray
 
         import_ray()
-        from dana.ps.launcher import RayRun
-
-        runner: Any = RayRun(config, run, problem)
-    else:
-        from dana.sim.runner import SimRun
-
-        runner = SimRun(config, run, problem, threads=threads)
-    run.path.mkdir(parents=True, exist_ok=True)
-    run.write_config(config.to_dict(), __version__)
-    tracker = None
-    if config.mlflow:
-        from dana.train.tracking import MlflowTracker
-
-        tracker = MlflowTracker(config.mlflow, config.mlflow_experiment, run.path, config.to_dict())
-        run.sinks.append(tracker)
+    extra = {"threads": threads} if config.backend == "sim" else {}
+    runner: Any = runner_class(config.backend)(config, run, problem, **extra)
+    start_run(run, config, __version__)
     title = f"{config.algorithm}, k={config.workers}, {config.model}"
     try:
-        summary = runner.execute(Progress(enabled=progress, desc=title))
-    except BaseException as e:
-        if tracker is not None:
-            tracker.fail(isinstance(e, KeyboardInterrupt))
-        if not isinstance(e, DanaError) or "No module named" not in str(e):
+        summary = execute_run(runner, config, run, title, progress)
+    except DanaError as e:
+        if "No module named" not in str(e):
             raise
         raise DanaError(
             f"{e}\nThe Ray workers could not unpickle the model, data or loss: define them "
@@ -389,13 +376,6 @@ def _run_on(
             "node (runtime_env working_dir or py_modules), or call "
             "ray.cloudpickle.register_pickle_by_value(module) before dana.fit"
         ) from None
-    finally:
-        run.close()
-    run.write_summary(summary)
-    if runner.rows:
-        run.write_plot(runner.rows, title)
-    if tracker is not None:
-        tracker.finish(summary)
     if config.backend == "ray":
         log, final = runner.merger.log, runner.final_params
         if final is None:  # (no evaluation came back: the run stopped at once)

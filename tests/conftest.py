@@ -1,4 +1,5 @@
-"""Small problems the algorithm, simulator and claim tests share.
+"""What several test files share: small problems for the algorithm, simulator and claim
+tests, and hand-made run directories for the report tests (:func:`fake_run`).
 
 Everything is float64 and seeded, so equalities between algorithms can be asserted
 to rounding and runs are reproducible.
@@ -6,9 +7,11 @@ to rounding and runs are reproducible.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,3 +124,37 @@ def max_rel_diff(a: Tensor, b: Tensor) -> float:
 def rel_diff() -> Callable[[Tensor, Tensor], float]:
     """The function :func:`max_rel_diff`."""
     return max_rel_diff
+
+
+def fake_run(
+    root: Path,
+    name: str,
+    algorithm: str,
+    k: int,
+    seed: int,
+    errors: list[float],
+    *,
+    diverged: bool = False,
+    gap: float = 1e-3,
+    **settings,
+) -> None:
+    """A hand-made run directory under ``root/runs/name`` (what ``dana report`` reads):
+    evaluation i at epoch i, 10 i updates, simulated time 100 i / k and test error
+    ``errors[i]``; ``settings`` go into config.json."""
+    run = root / "runs" / name
+    run.mkdir(parents=True)
+    config = {"algorithm": algorithm, "workers": k, "seed": seed, "dataset": "synthetic"}
+    (run / "config.json").write_text(json.dumps({**config, **settings}))
+    lines = [
+        "epoch,updates,sim_time,wall_seconds,lr,train_loss,test_loss,test_error,mean_gap,"
+        "mean_staleness"
+    ]
+    for i, e in enumerate(errors):
+        lines.append(f"{i},{10 * i},{100.0 * i / k},0,0.1,1,1,{e},{gap},{k - 1}")
+    (run / "metrics.csv").write_text("\n".join(lines) + "\n")
+    summary = {
+        "final_test_error": None if diverged else errors[-1],
+        "diverged": diverged,
+        "mean_gap": gap,
+    }
+    (run / "summary.json").write_text(json.dumps(summary))

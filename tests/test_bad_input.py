@@ -1,4 +1,5 @@
-"""Bad input and other people's files: every case is the real command in a subprocess.
+"""Bad input and other people's files: every case is the real command in a process of its
+own (forked from a helper that has imported dana once: tests/clirun.py).
 
 Each bad input exits with status 2, a message naming the problem, no traceback, and
 nothing written. Run directories never take, overwrite or delete files the program did
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from clirun import run_dana
 
 from dana.data import write_idx
 
@@ -48,13 +50,8 @@ sys.exit(main(sys.argv[3:]))
 
 
 def dana(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dana.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=ENV,
-    )
+    """``dana ARGS`` in a process of its own (tests/clirun.py)."""
+    return run_dana(*args, timeout=timeout)
 
 
 def hooked(tmp_path: Path, mode: str, at: int, *args: str) -> subprocess.CompletedProcess:

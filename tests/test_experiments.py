@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from clirun import run_dana
+from conftest import fake_run
 
 from dana.cli import build_parser
 from dana.errors import ConfigError
@@ -39,16 +41,9 @@ TINY = [
 ]  # fmt: skip
 
 
-def dana(*args: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
-    """Run ``python -m dana.cli ARGS`` and return the finished process."""
-    result = subprocess.run(
-        [sys.executable, "-m", "dana.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=ENV,
-        **kwargs,
-    )
+def dana(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``dana ARGS`` in a process of its own (tests/clirun.py); the finished process."""
+    result = run_dana(*args, timeout=300)
     if check:
         assert result.returncode == 0, result.stdout + result.stderr
     return result
@@ -208,35 +203,15 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
 
 
 # -- the report on hand-made runs ---------------------------------------------------------
-def _fake_run(root: Path, name: str, algorithm: str, k: int, seed: int, errors, diverged=False):
-    run = root / "runs" / name
-    run.mkdir(parents=True)
-    config = {"algorithm": algorithm, "workers": k, "seed": seed, "dataset": "synthetic"}
-    (run / "config.json").write_text(json.dumps(config))
-    lines = [
-        "epoch,updates,sim_time,wall_seconds,lr,train_loss,test_loss,test_error,mean_gap,"
-        "mean_staleness"
-    ]
-    for i, e in enumerate(errors):
-        lines.append(f"{i},{10 * i},{100.0 * i / k},0,0.1,1,1,{e},0.01,{k - 1}")
-    (run / "metrics.csv").write_text("\n".join(lines) + "\n")
-    summary = {
-        "final_test_error": None if diverged else errors[-1],
-        "diverged": diverged,
-        "mean_gap": 0.01 * k,
-    }
-    (run / "summary.json").write_text(json.dumps(summary))
-
-
 def test_report_states_divergence_by_rule_and_speedup_over_ssgd(tmp_path):
-    _fake_run(tmp_path, "base0", "dana-slim", 1, 0, [0.9, 0.3, 0.2])
-    _fake_run(tmp_path, "base1", "dana-slim", 1, 1, [0.9, 0.3, 0.2])
-    _fake_run(tmp_path, "s0", "ssgd", 4, 0, [0.9, 0.5, 0.2])
-    _fake_run(tmp_path, "d0", "dana-slim", 4, 0, [0.9, 0.2, 0.1])
-    _fake_run(tmp_path, "n0", "nag-asgd", 4, 0, [0.9, float("nan")], diverged=True)
-    _fake_run(tmp_path, "n1", "nag-asgd", 4, 1, [0.9, float("nan")], diverged=True)
-    _fake_run(tmp_path, "m0", "multi-asgd", 4, 0, [0.9, 0.5, 0.4])
-    _fake_run(tmp_path, "m1", "multi-asgd", 4, 1, [0.9, float("nan")], diverged=True)
+    fake_run(tmp_path, "base0", "dana-slim", 1, 0, [0.9, 0.3, 0.2], gap=0.01)
+    fake_run(tmp_path, "base1", "dana-slim", 1, 1, [0.9, 0.3, 0.2], gap=0.01)
+    fake_run(tmp_path, "s0", "ssgd", 4, 0, [0.9, 0.5, 0.2], gap=0.01)
+    fake_run(tmp_path, "d0", "dana-slim", 4, 0, [0.9, 0.2, 0.1], gap=0.01)
+    fake_run(tmp_path, "n0", "nag-asgd", 4, 0, [0.9, float("nan")], diverged=True, gap=0.01)
+    fake_run(tmp_path, "n1", "nag-asgd", 4, 1, [0.9, float("nan")], diverged=True, gap=0.01)
+    fake_run(tmp_path, "m0", "multi-asgd", 4, 0, [0.9, 0.5, 0.4], gap=0.01)
+    fake_run(tmp_path, "m1", "multi-asgd", 4, 1, [0.9, float("nan")], diverged=True, gap=0.01)
     results = load_results(tmp_path)
     assert error_cell(results.group("nag-asgd", 4), 2) == "diverged"
     assert error_cell(results.group("multi-asgd", 4), 2) == "40.00 (1/2 diverged)"

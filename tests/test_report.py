@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import fake_run
 
 from dana.experiments import plots
 from dana.experiments.glance import glance_cells, glance_sentences, glance_table
@@ -28,57 +29,25 @@ from dana.experiments.targets import (
 NAN = float("nan")
 
 
-def _run(
-    root: Path,
-    name: str,
-    algorithm: str,
-    k: int,
-    seed: int,
-    errors: list[float],
-    *,
-    diverged: bool = False,
-    gap: float = 1e-3,
-    **settings,
-) -> None:
-    """A run directory: evaluation i at epoch i, 10 i updates and simulated time 100 i / k."""
-    run = root / "runs" / name
-    run.mkdir(parents=True)
-    config = {"algorithm": algorithm, "workers": k, "seed": seed, "dataset": "synthetic"}
-    (run / "config.json").write_text(json.dumps({**config, **settings}))
-    lines = [
-        "epoch,updates,sim_time,wall_seconds,lr,train_loss,test_loss,test_error,mean_gap,"
-        "mean_staleness"
-    ]
-    for i, e in enumerate(errors):
-        lines.append(f"{i},{10 * i},{100.0 * i / k},0,0.1,1,1,{e},{gap},{k - 1}")
-    (run / "metrics.csv").write_text("\n".join(lines) + "\n")
-    summary = {
-        "final_test_error": None if diverged else errors[-1],
-        "diverged": diverged,
-        "mean_gap": gap,
-    }
-    (run / "summary.json").write_text(json.dumps(summary))
-
-
 def _baseline(root: Path, finals=(0.10, 0.12), first=0.5) -> None:
     for seed, final in enumerate(finals):
-        _run(root, f"base{seed}", "dana-slim", 1, seed, [0.9, first, 0.3, final])
+        fake_run(root, f"base{seed}", "dana-slim", 1, seed, [0.9, first, 0.3, final])
 
 
 # -- the claim at a glance ----------------------------------------------------------------
 def _claim_runs(root: Path) -> None:
     _baseline(root)  # mean final error 11%
     for seed, (slim, nag) in enumerate([(0.116, 0.19), (0.118, 0.20)]):
-        _run(root, f"slim32_{seed}", "dana-slim", 32, seed, [0.9, 0.5, slim])
-        _run(root, f"nag32_{seed}", "nag-asgd", 32, seed, [0.9, 0.5, nag])
-    _run(root, "multi32_0", "multi-asgd", 32, 0, [0.9, 0.5, 0.15])
-    _run(root, "multi32_1", "multi-asgd", 32, 1, [0.9, NAN], diverged=True)
-    _run(root, "ssgd32_0", "ssgd", 32, 0, [0.9, 0.5, 0.13])
-    _run(root, "asgd32_0", "asgd", 32, 0, [0.9, 0.5, 0.14])
-    _run(root, "slim16_0", "dana-slim", 16, 0, [0.9, 0.5, 0.125])
-    _run(root, "nag16_0", "nag-asgd", 16, 0, [0.9, 0.5, 0.12])
+        fake_run(root, f"slim32_{seed}", "dana-slim", 32, seed, [0.9, 0.5, slim])
+        fake_run(root, f"nag32_{seed}", "nag-asgd", 32, seed, [0.9, 0.5, nag])
+    fake_run(root, "multi32_0", "multi-asgd", 32, 0, [0.9, 0.5, 0.15])
+    fake_run(root, "multi32_1", "multi-asgd", 32, 1, [0.9, NAN], diverged=True)
+    fake_run(root, "ssgd32_0", "ssgd", 32, 0, [0.9, 0.5, 0.13])
+    fake_run(root, "asgd32_0", "asgd", 32, 0, [0.9, 0.5, 0.14])
+    fake_run(root, "slim16_0", "dana-slim", 16, 0, [0.9, 0.5, 0.125])
+    fake_run(root, "nag16_0", "nag-asgd", 16, 0, [0.9, 0.5, 0.12])
     for seed in (0, 1):
-        _run(root, f"multi16_{seed}", "multi-asgd", 16, seed, [0.9, NAN], diverged=True)
+        fake_run(root, f"multi16_{seed}", "multi-asgd", 16, seed, [0.9, NAN], diverged=True)
 
 
 def test_glance_table_gives_each_row_minus_the_baseline_in_points(tmp_path):
@@ -119,12 +88,12 @@ def test_glance_sentences_judge_the_claim_from_the_numbers(tmp_path):
 
 def test_glance_falls_back_to_dana_zero_and_says_when_there_is_no_baseline(tmp_path):
     _baseline(tmp_path)
-    _run(tmp_path, "zero8", "dana-zero", 8, 0, [0.9, 0.5, 0.1])
+    fake_run(tmp_path, "zero8", "dana-zero", 8, 0, [0.9, 0.5, 0.1])
     assert glance_sentences(load_results(tmp_path)) == [
         "k=8: DANA-Zero -1.00 pp (within 1 pp of the baseline)."
     ]
     lonely = tmp_path / "no-baseline"
-    _run(lonely, "zero8", "dana-zero", 8, 0, [0.9, 0.5, 0.1])
+    fake_run(lonely, "zero8", "dana-zero", 8, 0, [0.9, 0.5, 0.1])
     assert glance_table(load_results(lonely)) == ""
     assert "No finished one-worker baseline to compare with." in build_report(lonely).markdown
 
@@ -132,7 +101,7 @@ def test_glance_falls_back_to_dana_zero_and_says_when_there_is_no_baseline(tmp_p
 # -- targets ------------------------------------------------------------------------------
 def test_default_targets_are_the_baseline_plus_half_and_one_point(tmp_path):
     _baseline(tmp_path)
-    _run(tmp_path, "ssgd4", "ssgd", 4, 0, [0.9, 0.5, 0.2, 0.1])
+    fake_run(tmp_path, "ssgd4", "ssgd", 4, 0, [0.9, 0.5, 0.2, 0.1])
     targets = choose_targets(load_results(tmp_path))
     assert [t.value for t in targets] == pytest.approx([0.115, 0.12])
     assert all(t.skip is None for t in targets)
@@ -146,9 +115,9 @@ def test_default_targets_are_the_baseline_plus_half_and_one_point(tmp_path):
 def test_a_target_the_baseline_reaches_at_its_first_evaluation_is_not_used(tmp_path):
     # seed 1's first evaluation after the start (updates 10) is at 11.8%: +1 pp (12%) is
     # passed there, +0.5 pp (11.5%) is not; the start row (updates 0) does not count
-    _run(tmp_path, "base0", "dana-slim", 1, 0, [0.9, 0.5, 0.3, 0.10])
-    _run(tmp_path, "base1", "dana-slim", 1, 1, [0.9, 0.118, 0.13, 0.12])
-    _run(tmp_path, "ssgd4", "ssgd", 4, 0, [0.9, 0.5, 0.2, 0.1])
+    fake_run(tmp_path, "base0", "dana-slim", 1, 0, [0.9, 0.5, 0.3, 0.10])
+    fake_run(tmp_path, "base1", "dana-slim", 1, 1, [0.9, 0.118, 0.13, 0.12])
+    fake_run(tmp_path, "ssgd4", "ssgd", 4, 0, [0.9, 0.5, 0.2, 0.1])
     results = load_results(tmp_path)
     first, second = choose_targets(results)
     assert first.skip is None
@@ -172,9 +141,9 @@ def test_the_speedup_of_a_linearly_scaled_ssgd_row_is_over_plain_ssgd(tmp_path):
     _baseline(tmp_path, first=0.6)
     none, linear = {"lr_scaling": "none"}, {"lr_scaling": "linear"}
     # k=4: time at 20% error: plain ssgd 50 (its last row), linear 25, dana-slim 25
-    _run(tmp_path, "ssgd4", "ssgd", 4, 0, [0.9, 0.5, 0.2], **none)
-    _run(tmp_path, "lin4", "ssgd", 4, 0, [0.9, 0.2, 0.2], **linear)
-    _run(tmp_path, "slim4", "dana-slim", 4, 0, [0.9, 0.2, 0.1], **none)
+    fake_run(tmp_path, "ssgd4", "ssgd", 4, 0, [0.9, 0.5, 0.2], **none)
+    fake_run(tmp_path, "lin4", "ssgd", 4, 0, [0.9, 0.2, 0.2], **linear)
+    fake_run(tmp_path, "slim4", "dana-slim", 4, 0, [0.9, 0.2, 0.1], **none)
     for name in ("base0", "base1"):
         config = tmp_path / "runs" / name / "config.json"
         config.write_text(json.dumps({**json.loads(config.read_text()), **none}))
@@ -197,10 +166,10 @@ def _gap_runs(root: Path) -> None:
     for k, scale in ((4, 1.0), (8, 2.0)):
         for algorithm in ("ssgd", "dana-slim", "multi-asgd"):
             gap = 0.0 if algorithm == "ssgd" else scale * 1e-4
-            _run(root, f"{algorithm}{k}", algorithm, k, 0, [0.9, 0.5, 0.2], gap=gap)
-    _run(root, "nag4", "nag-asgd", 4, 0, [0.9, 0.5, 0.3], gap=3e-4)
-    _run(root, "nag8", "nag-asgd", 8, 0, [0.9, NAN], diverged=True, gap=3e13)
-    _run(root, "dc8", "dc-asgd", 8, 0, [0.9, 0.5, 0.4], gap=5.0)  # absurd, not diverged
+            fake_run(root, f"{algorithm}{k}", algorithm, k, 0, [0.9, 0.5, 0.2], gap=gap)
+    fake_run(root, "nag4", "nag-asgd", 4, 0, [0.9, 0.5, 0.3], gap=3e-4)
+    fake_run(root, "nag8", "nag-asgd", 8, 0, [0.9, NAN], diverged=True, gap=3e13)
+    fake_run(root, "dc8", "dc-asgd", 8, 0, [0.9, 0.5, 0.4], gap=5.0)  # absurd, not diverged
 
 
 def _labels(ax) -> list[str]:
@@ -240,13 +209,13 @@ def test_the_speedup_plot_says_why_a_cell_is_missing(tmp_path):
     _baseline(tmp_path, first=0.6)
     # k=4: ssgd reaches 20% at time 50, dana-slim at 25, nag-asgd diverges, multi-asgd
     # ends at 40%; k=8: no ssgd; k=16: ssgd ends at 30%
-    _run(tmp_path, "ssgd4", "ssgd", 4, 0, [0.9, 0.5, 0.2])
-    _run(tmp_path, "slim4", "dana-slim", 4, 0, [0.9, 0.2, 0.1])
-    _run(tmp_path, "nag4", "nag-asgd", 4, 0, [0.9, NAN], diverged=True)
-    _run(tmp_path, "multi4", "multi-asgd", 4, 0, [0.9, 0.5, 0.4])
-    _run(tmp_path, "slim8", "dana-slim", 8, 0, [0.9, 0.2, 0.1])
-    _run(tmp_path, "ssgd16", "ssgd", 16, 0, [0.9, 0.5, 0.3])
-    _run(tmp_path, "slim16", "dana-slim", 16, 0, [0.9, 0.2, 0.1])
+    fake_run(tmp_path, "ssgd4", "ssgd", 4, 0, [0.9, 0.5, 0.2])
+    fake_run(tmp_path, "slim4", "dana-slim", 4, 0, [0.9, 0.2, 0.1])
+    fake_run(tmp_path, "nag4", "nag-asgd", 4, 0, [0.9, NAN], diverged=True)
+    fake_run(tmp_path, "multi4", "multi-asgd", 4, 0, [0.9, 0.5, 0.4])
+    fake_run(tmp_path, "slim8", "dana-slim", 8, 0, [0.9, 0.2, 0.1])
+    fake_run(tmp_path, "ssgd16", "ssgd", 16, 0, [0.9, 0.5, 0.3])
+    fake_run(tmp_path, "slim16", "dana-slim", 16, 0, [0.9, 0.2, 0.1])
     results = load_results(tmp_path)
     cells = speedup_cells(results, 0.2)
     assert cells[("dana-slim", 4)] == (pytest.approx(2.0), "")

@@ -1,4 +1,5 @@
-"""End-to-end tests of `dana train`: the real command in a subprocess, on small data."""
+"""End-to-end tests of `dana train`: the real command in a process of its own (forked
+from a helper that has imported dana once: tests/clirun.py), on small data."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from clirun import run_dana
 
 from dana.data import write_cifar10, write_idx
 from dana.train.rundir import METRICS_COLUMNS
@@ -29,13 +31,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def dana(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dana.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=ENV,
-    )
+    """``dana ARGS`` in a process of its own (tests/clirun.py)."""
+    return run_dana(*args, timeout=timeout)
 
 
 def read_metrics(path: Path) -> list[dict[str, str]]:

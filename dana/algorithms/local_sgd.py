@@ -271,17 +271,22 @@ class LocalAlgorithm(Algorithm):
     #: The hyper-parameters the master rule takes.
     outer_keys: ClassVar[tuple[str, ...]] = ("outer_lr",)
 
-    def _set_inner(
+    def __init__(
         self,
+        momentum: float,
         local_steps: int,
         inner: str,
         inner_momentum: float,
+        outer_lr: float,
         beta1: float,
         beta2: float,
         eps: float,
         inner_decay: float,
         dynamic_steps: bool = False,
     ) -> None:
+        """The one constructor of the outer rules: checks and keeps the hyper-parameters
+        they share (each subclass's signature states its own defaults)."""
+        self.momentum = check_momentum(momentum)
         self.local_steps = check_local_steps(local_steps)
         if not isinstance(dynamic_steps, bool):
             raise ValueError(f"dynamic_steps must be true or false, got {dynamic_steps!r}")
@@ -294,6 +299,7 @@ class LocalAlgorithm(Algorithm):
         self.beta2 = check_decay("beta2", beta2)
         self.eps = check_positive("eps", eps)
         self.inner_decay = check_nonnegative("inner_decay", inner_decay)
+        self.outer_lr = check_positive("outer_lr", outer_lr)
 
     @property
     def uses_speed(self) -> bool:  # type: ignore[override]
@@ -336,11 +342,18 @@ class LocalSgd(LocalAlgorithm):
         inner_decay: float = 0.0,
         dynamic_steps: bool = False,
     ):
-        self.momentum = check_momentum(momentum)
-        self._set_inner(
-            local_steps, inner, self.momentum, beta1, beta2, eps, inner_decay, dynamic_steps
+        super().__init__(
+            momentum,
+            local_steps,
+            inner,
+            momentum,
+            outer_lr,
+            beta1,
+            beta2,
+            eps,
+            inner_decay,
+            dynamic_steps,
         )
-        self.outer_lr = check_positive("outer_lr", outer_lr)
 
     def hparams(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if k != "inner_momentum"}
@@ -365,11 +378,18 @@ class OuterMomentumAlgorithm(LocalAlgorithm):
         inner_decay: float = 0.0,
         dynamic_steps: bool = False,
     ):
-        self.momentum = check_momentum(momentum)
-        self._set_inner(
-            local_steps, inner, inner_momentum, beta1, beta2, eps, inner_decay, dynamic_steps
+        super().__init__(
+            momentum,
+            local_steps,
+            inner,
+            inner_momentum,
+            outer_lr,
+            beta1,
+            beta2,
+            eps,
+            inner_decay,
+            dynamic_steps,
         )
-        self.outer_lr = check_positive("outer_lr", outer_lr)
 
 
 class LocalNesterov(OuterMomentumAlgorithm):

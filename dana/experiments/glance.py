@@ -117,7 +117,7 @@ def glance_cells(results: Results) -> dict[int, dict[str, Difference]]:
             for row in rows
             if results.group(row, k) is not None
         }
-        for k in results.workers
+        for k in results.worker_counts
         if k > 1
     }
 

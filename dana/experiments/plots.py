@@ -64,15 +64,15 @@ def mean_curve(group: Group) -> tuple[np.ndarray, np.ndarray]:
 
 def plot_error_curves(results: Results, path: Path) -> Path:
     plt = _pyplot()
-    workers = [k for k in results.workers if k > 1] or results.workers
-    cols = min(3, len(workers))
-    nrows = math.ceil(len(workers) / cols)
+    ks = [k for k in results.worker_counts if k > 1] or results.worker_counts
+    cols = min(3, len(ks))
+    nrows = math.ceil(len(ks) / cols)
     fig, axes = plt.subplots(
         nrows, cols, figsize=(5 * cols, 3.8 * nrows), squeeze=False, sharey=True
     )
     colors = _colors(results.rows)
     base = results.baseline()
-    for ax, k in zip(axes.flat, workers):
+    for ax, k in zip(axes.flat, ks):
         if base is not None:
             ax.plot(*mean_curve(base), "k--", lw=1.2, label=f"{base.row} k=1 (baseline)")
         for row in results.rows:
@@ -83,7 +83,7 @@ def plot_error_curves(results: Results, path: Path) -> Path:
             ax.plot(epochs, errors, color=colors[row], marker=".", label=row)
         ax.set(title=f"k = {k}", xlabel="epoch", ylabel="test error (%)")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(workers) :]:
+    for ax in list(axes.flat)[len(ks) :]:
         ax.axis("off")
     fig.tight_layout()
     handles, labels = _legend_entries(axes)
@@ -124,7 +124,7 @@ def _points(results: Results, value) -> dict[str, list[Point]]:
     out: dict[str, list[Point]] = {}
     for row in results.rows:
         points = []
-        for k in results.workers:
+        for k in results.worker_counts:
             group = results.group(row, k)
             if group is None or group is base or not group.results:
                 continue
@@ -214,7 +214,7 @@ def _legend_outside(ax) -> None:
 
 def _workers_axis(ax, results: Results) -> None:
     ax.set_xscale("log", base=2)
-    ax.set_xticks(results.workers, [str(k) for k in results.workers])
+    ax.set_xticks(results.worker_counts, [str(k) for k in results.worker_counts])
     ax.set_xlabel("workers k")
     ax.grid(alpha=0.3)
 
@@ -266,7 +266,7 @@ def speedups_figure(results: Results, targets: list[Target]):
     has none; a target not used says why instead."""
     plt = _pyplot()
     rows = [r for r in results.rows if any(k > 1 for rr, k in results.groups if rr == r)]
-    workers = [k for k in results.workers if k > 1] or results.workers
+    ks = [k for k in results.worker_counts if k > 1] or results.worker_counts
     height = 0.28 * max(len(rows), 1) + 0.8
     fig, axes = plt.subplots(
         2,
@@ -281,8 +281,8 @@ def speedups_figure(results: Results, targets: list[Target]):
         title = f"speed-up over ssgd to {100 * target.value:.2f}% test error"
         ax.set(ylabel="speed-up over ssgd (simulated time)", title=title)
         _workers_axis(ax, results)
-        ax.set_xticks(workers, [str(k) for k in workers])
-        ax.set_xlim(min(workers) / 1.5, max(workers) * 1.5)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlim(min(ks) / 1.5, max(ks) * 1.5)
         grid.axis("off")
         if target.skip is not None:
             ax.text(
@@ -308,7 +308,7 @@ def speedups_figure(results: Results, targets: list[Target]):
                 ha="center",
                 transform=ax.transAxes,
             )
-        _speedup_grid(grid, rows, workers, cells, colors)
+        _speedup_grid(grid, rows, ks, cells, colors)
     handles, labels = _legend_entries(axes[0:1])
     if handles:
         fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8)
@@ -316,12 +316,12 @@ def speedups_figure(results: Results, targets: list[Target]):
     return fig
 
 
-def _speedup_grid(ax, rows: list[str], workers: list[int], cells, colors) -> None:
+def _speedup_grid(ax, rows: list[str], ks: list[int], cells, colors) -> None:
     """Text grid: one line per row, one column per k, the speed-up or why there is none."""
     n = len(rows)
     ax.axis("on")
     ax.set_xscale("log", base=2)  # the columns line up with the panel's k above
-    ax.set_xlim(min(workers) / 1.5, max(workers) * 1.5)
+    ax.set_xlim(min(ks) / 1.5, max(ks) * 1.5)
     ax.set_ylim(n - 0.5, -1.5)
     ax.set_xticks([])
     ax.set_xticks([], minor=True)
@@ -331,7 +331,7 @@ def _speedup_grid(ax, rows: list[str], workers: list[int], cells, colors) -> Non
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.tick_params(length=0)
-    for k in workers:
+    for k in ks:
         ax.text(k, -1, f"k={k}", ha="center", va="center", fontsize=7, weight="bold")
         for i, row in enumerate(rows):
             if (row, k) not in cells:

@@ -120,7 +120,8 @@ class Results:
         return list(dict.fromkeys(row for row, _ in self.groups))
 
     @property
-    def workers(self) -> list[int]:
+    def worker_counts(self) -> list[int]:
+        """The numbers of workers ``k`` the runs have, ascending."""
         return sorted({k for _, k in self.groups})
 
     def group(self, row: str, workers: int) -> Group | None:

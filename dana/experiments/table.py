@@ -83,23 +83,23 @@ def markdown_table(
     results: Results, cell: Callable[[Group | None, int], str], corner: str = "algorithm"
 ) -> str:
     """A table with the baseline's row first, then one row per algorithm."""
-    workers = results.workers
+    ks = results.worker_counts
     seeds = len(results.seeds())
     base = results.baseline()
     lines = [
-        "| " + " | ".join([corner] + [f"k={k}" for k in workers]) + " |",
-        "|" + "---|" * (len(workers) + 1),
+        "| " + " | ".join([corner] + [f"k={k}" for k in ks]) + " |",
+        "|" + "---|" * (len(ks) + 1),
     ]
     if base is not None:
-        cells = [cell(base, seeds) if k == 1 else "" for k in workers]
+        cells = [cell(base, seeds) if k == 1 else "" for k in ks]
         lines.append("| " + " | ".join([baseline_label(results)] + cells) + " |")
     for row in results.rows:
-        groups = [results.group(row, k) for k in workers]
+        groups = [results.group(row, k) for k in ks]
         if all(g is None or g is base for g in groups):
             continue
         cells = [
             "" if g is base else cell(g, seeds) if g is not None or k > 1 else ""
-            for g, k in zip(groups, workers)
+            for g, k in zip(groups, ks)
         ]
         lines.append("| " + " | ".join([row] + cells) + " |")
     return "\n".join(lines)

@@ -94,12 +94,12 @@ class RelayLog:
         order; how many. Calls before ``covered`` must not have been trimmed."""
         if covered < self.kept[shard]:
             raise RuntimeError(f"shard {shard}'s calls up to {self.kept[shard]} are gone")
-        sent = 0
+        replayed = 0
         for number, method, args in self.calls:
             if number > covered:
                 actor.relayed.remote(number, method, *args[shard])
-                sent += 1
-        return sent
+                replayed += 1
+        return replayed
 
 
 def _nbytes(args: list[tuple]) -> int:
@@ -127,7 +127,7 @@ def recovery_state(server: Any) -> dict[str, Any]:
         "duplicates": server.duplicates,
         "rejected": server.rejected,
         "seq_gaps": server.seq_gaps,
-        "sent": copy(server.sent),
+        "pulled_probes": copy(server.pulled_probes),
         "offsets": copy(server.offsets),
         "offset_sum": copy(server.offset_sum),
         "pulled_at": list(server.pulled_at),
@@ -146,7 +146,7 @@ def load_recovery(server: Any, saved: dict[str, Any]) -> None:
     server.calls = int(saved["calls"])
     server.duplicates, server.rejected = int(saved["duplicates"]), int(saved["rejected"])
     server.seq_gaps = int(saved["seq_gaps"])
-    server.sent = torch.from_numpy(np.array(saved["sent"]))
+    server.pulled_probes = torch.from_numpy(np.array(saved["pulled_probes"]))
     if saved["offsets"] is not None:
         server.offsets = torch.from_numpy(np.array(saved["offsets"]))
         server.offset_sum = torch.from_numpy(np.array(saved["offset_sum"]))

@@ -174,7 +174,7 @@ class ShardServer:
         self.probe = torch.from_numpy(layout.probes[shard])
         self.n_probes = n = len(self.probe)
         dtype = self.master.theta.dtype
-        self.sent = torch.zeros(self.k, n, dtype=dtype)  # probe coordinates of each p_i
+        self.pulled_probes = torch.zeros(self.k, n, dtype=dtype)  # each p_i on the probes
         self.offsets: Tensor | None = None  # each worker's theta_offset(1) on the probes
         self.offset_sum: Tensor | None = None
         self._diff = torch.empty(n, dtype=dtype)
@@ -554,7 +554,7 @@ class ShardServer:
             out = self.master.theta
         else:
             out = self.master.pull(worker, self.lr(), self._out)
-        torch.index_select(out, 0, self.probe, out=self.sent[worker])
+        torch.index_select(out, 0, self.probe, out=self.pulled_probes[worker])
         self.pulled_at[worker] = self.updates
         if join or self.synchronous:
             self.cycle_start[worker] = time.time()
@@ -565,13 +565,13 @@ class ShardServer:
         diff = torch.index_select(self.master.gap_reference(), 0, self.probe, out=self._diff)
         if self.offset_sum is not None:
             diff.add_(self.offset_sum, alpha=lr)
-        diff.sub_(self.sent[worker])
+        diff.sub_(self.pulled_probes[worker])
         return float(diff.dot(diff))
 
     def _set_offset(self, worker: int, offset: np.ndarray) -> None:
         new = torch.from_numpy(offset)
         if self.offsets is None:
-            self.offsets = torch.zeros_like(self.sent)
+            self.offsets = torch.zeros_like(self.pulled_probes)
             self.offset_sum = torch.zeros_like(self._diff)
         self.offset_sum.add_(new).sub_(self.offsets[worker])
         self.offsets[worker].copy_(new)

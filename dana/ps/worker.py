@@ -177,7 +177,7 @@ class Worker:
         if self.delay is not None:
             self.delay.pad(started)
         self.seq += 1
-        counts["sent"] += 1
+        counts["sent"] += 1  # pushes sent: the key of dist.json's worker_replies, kept
         pause = WAIT_FIRST
         while True:  # (only a bounded run's held push goes round more than once)
             if message is None or not exchange:

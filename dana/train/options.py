@@ -1,8 +1,9 @@
 """The options of a run, as the command line spells them: the one table both CLIs use.
 
 ``dana train`` takes them all; ``dana sweep`` takes them as the settings fixed for every
-cell. Each option is ``(flag, TrainConfig field, type, help)``; the defaults shown come
-from :class:`~dana.train.config.TrainConfig`. :func:`collect_options` turns the parsed
+cell. Each option is a row of :data:`TRAIN_OPTIONS`, ``(flag, TrainConfig field, type,
+help)`` and, where argparse needs more (a switch, a metavar, a default the help names),
+its keywords; the defaults shown come from :class:`~dana.train.config.TrainConfig`. :func:`collect_options` turns the parsed
 arguments (and a ``--config`` file) into :class:`TrainConfig` values.
 """
 
@@ -76,8 +77,14 @@ def yaml_value(text: str) -> Any:
         ) from None
 
 
-# (option, dest in TrainConfig, type, help); defaults come from TrainConfig.
-TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
+#: Where a row's default text is TrainConfig's (or AUTO_DEFAULTS').
+_FROM_CONFIG = object()
+
+# (option, dest in TrainConfig, type, help[, argparse keywords]). The help ends with
+# "(default: X)", X from TrainConfig; a row's keywords (``action``, ``metavar``) go to
+# ``add_argument``, and its ``default_help`` names the default instead (None: the help
+# says it, or the row is the "off" side of a switch). A ``type`` of None: a switch.
+TRAIN_OPTIONS: list[tuple[Any, ...]] = [
     ("--algorithm", "algorithm", str, "algorithm name (see `dana algorithms`)"),
     ("--workers", "workers", int, "number of asynchronous workers k"),
     (
@@ -152,6 +159,55 @@ TRAIN_OPTIONS: list[tuple[str, str, Any, str]] = [
         "with --backend ray: emulate the --timing model, padding each step to its "
         "duration times this many seconds (0.001: the model's numbers are ms; 0: no delay)",
     ),
+    (
+        "--augment",
+        "augment",
+        None,
+        "augment training images",
+        {"action": "store_true", "default_help": "on for CIFAR"},
+    ),
+    (
+        "--no-augment",
+        "augment",
+        None,
+        "do not augment training images",
+        {"action": "store_false", "default_help": None},
+    ),
+    (
+        "--threads",
+        "threads",  # not a TrainConfig field: no part of the run's result (config.json)
+        int,
+        "the number of CPU threads the run uses (0: one per core): the simulator "
+        "computes N in-flight workers' gradients at once, one thread each (with "
+        "augmentation, or --batch-workers, N intra-op threads instead). A run's result "
+        "does not depend on it, so it is not saved in config.json and may be given with "
+        "--resume. The default, 1 (or OMP_NUM_THREADS where set), holds up when other "
+        "processes keep cores busy: more threads spin-wait against them "
+        "(docs/BENCHMARKS.md)",
+        {"metavar": "N", "default_help": None},
+    ),
+    (
+        "--tensorboard",
+        "tensorboard",
+        None,
+        "also write TensorBoard logs to OUT/tensorboard",
+        {"action": "store_true", "default_help": "off"},
+    ),
+    (
+        "--mlflow",
+        "mlflow",
+        str,
+        "also track the run in MLflow: a directory (its local file store) or a "
+        "tracking URI; needs mlflow-skinny",
+        {"metavar": "DIR_OR_URI", "default_help": "off"},
+    ),
+    (
+        "--mlflow-experiment",
+        "mlflow_experiment",
+        str,
+        "with --mlflow: the experiment",
+        {"metavar": "NAME"},
+    ),
 ]
 
 TIMING_OPTIONS = [
@@ -179,64 +235,19 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     """The options of `dana train` (also accepted by `dana sweep` as fixed settings)."""
     defaults = _defaults()
     S = argparse.SUPPRESS
-    for flag, dest, type_, help_ in TRAIN_OPTIONS:
-        parser.add_argument(
-            flag,
-            dest=dest,
-            type=type_,
-            default=S,
-            help=f"{help_} (default: {_default_text(dest, defaults[dest])})",
-        )
-    parser.add_argument(
-        "--augment",
-        dest="augment",
-        action="store_true",
-        default=S,
-        help="augment training images (default: on for CIFAR)",
-    )
-    parser.add_argument(
-        "--no-augment",
-        dest="augment",
-        action="store_false",
-        default=S,
-        help="do not augment training images",
-    )
-    parser.add_argument(
-        "--threads",
-        dest="threads",
-        type=int,
-        default=S,
-        metavar="N",
-        help="the number of CPU threads the run uses (0: one per core): the simulator "
-        "computes N in-flight workers' gradients at once, one thread each (with "
-        "augmentation, or --batch-workers, N intra-op threads instead). A run's result "
-        "does not depend on it, so it is not saved in config.json and may be given with "
-        "--resume. The default, 1 (or OMP_NUM_THREADS where set), holds up when other "
-        "processes keep cores busy: more threads spin-wait against them "
-        "(docs/BENCHMARKS.md)",
-    )
-    parser.add_argument(
-        "--tensorboard",
-        dest="tensorboard",
-        action="store_true",
-        default=S,
-        help="also write TensorBoard logs to OUT/tensorboard (default: off)",
-    )
-    parser.add_argument(
-        "--mlflow",
-        dest="mlflow",
-        default=S,
-        metavar="DIR_OR_URI",
-        help="also track the run in MLflow: a directory (its local file store) or a "
-        "tracking URI; needs mlflow-skinny (default: off)",
-    )
-    parser.add_argument(
-        "--mlflow-experiment",
-        dest="mlflow_experiment",
-        default=S,
-        metavar="NAME",
-        help="with --mlflow: the experiment (default: dana)",
-    )
+    for flag, dest, type_, help_, *more in TRAIN_OPTIONS:
+        keywords = dict(more[0]) if more else {}
+        shown = keywords.pop("default_help", _FROM_CONFIG)
+        if shown is _FROM_CONFIG:
+            help_ = f"{help_} (default: {_default_text(dest, defaults[dest])})"
+        elif shown is not None:
+            help_ = f"{help_} (default: {shown})"
+        if type_ is not None:
+            keywords["type"] = type_
+        parser.add_argument(flag, dest=dest, default=S, help=help_, **keywords)
+    # The timing model's and the algorithm's parameters, and --config, are no TrainConfig
+    # fields: they fill its timing_params and algorithm_params mappings (dests "timing.*",
+    # "algo.*", read by collect_options) or name the file, in groups of their own.
     group = parser.add_argument_group("timing model parameters")
     for flag, key, type_, help_ in TIMING_OPTIONS:
         group.add_argument(flag, dest=f"timing.{key}", type=type_, default=S, help=help_)

@@ -2,8 +2,9 @@
 
 :func:`train` checks the run directory and the config, builds the problem (data and
 model) and the algorithm once, and hands them to the runner of ``config.backend``
-(:mod:`dana.train.backends`), then writes ``summary.json`` and the curves. What every
-runner shares lives here too: the learning-rate schedule (:func:`build_schedule`) and
+(:mod:`dana.train.backends`), then writes ``summary.json`` and the curves
+(:func:`start_run` and :func:`execute_run`, the run's life that :func:`dana.fit` shares).
+What every runner shares lives here too: the learning-rate schedule (:func:`build_schedule`) and
 the points of the data stream where a run evaluates and checkpoints
 (:func:`stop_points`).
 
@@ -96,7 +97,6 @@ def train(
         run.remove_temporaries()
         state = run.load_checkpoint()
     created = not run.path.exists()
-    tracker = None
     try:
         extra = {"threads": threads} if config.backend == "sim" else {}
         runner = runner_class(config.backend)(config, run, problem, algorithm, **extra)
@@ -108,35 +108,51 @@ def train(
                 what = f"it lacks the entry {e}" if isinstance(e, KeyError) else str(e)
                 raise run.bad_checkpoint(what) from None
         if not resume:
-            run.create()
-            run.write_config(config.to_dict(), version)
+            start_run(run, config, version)
         if config.tensorboard:
             run.open_tensorboard()
-        if config.mlflow:
-            from dana.train.tracking import MlflowTracker
-
-            tracker = MlflowTracker(
-                config.mlflow, config.mlflow_experiment, run.path, config.to_dict()
-            )
-            run.sinks.append(tracker)
         title = f"{config.algorithm}, k={config.workers}, {config.model} on {config.dataset}"
-        try:
-            summary = runner.execute(Progress(enabled=progress, desc=title))
-        except BaseException as e:
-            if tracker is not None:
-                tracker.fail(isinstance(e, KeyboardInterrupt))
-            raise
-        finally:
-            run.close()
-        run.write_summary(summary)
-        if runner.rows:
-            run.write_plot(runner.rows, title)
-        if tracker is not None:
-            tracker.finish(summary)
+        summary = execute_run(runner, config, run, title, progress)
     except DanaError:
         if not resume and not (run.checkpoint.is_file() or run.metrics.is_file()):
             run.remove_own(keep_folder=not created)  # a failed start leaves nothing
         raise
+    return summary
+
+
+def start_run(run: RunDir, config: TrainConfig, version: str) -> None:
+    """A new run: its directory (and parents) and its ``config.json``."""
+    run.create()
+    run.write_config(config.to_dict(), version)
+
+
+def execute_run(
+    runner: Any, config: TrainConfig, run: RunDir, title: str, progress: bool
+) -> dict[str, Any]:
+    """A run's life on any runner, as ``dana train`` and :func:`dana.fit` live it: track it
+    in MLflow (``config.mlflow``), ``runner.execute`` with a progress reporter titled
+    ``title``, close the run directory's writers whatever happens, then write
+    ``summary.json`` and the curves and finish the MLflow run. A failure (an
+    interruption too) marks the MLflow run failed and propagates. The summary."""
+    tracker = None
+    if config.mlflow:
+        from dana.train.tracking import MlflowTracker
+
+        tracker = MlflowTracker(config.mlflow, config.mlflow_experiment, run.path, config.to_dict())
+        run.sinks.append(tracker)
+    try:
+        summary = runner.execute(Progress(enabled=progress, desc=title))
+    except BaseException as e:
+        if tracker is not None:
+            tracker.fail(isinstance(e, KeyboardInterrupt))
+        raise
+    finally:
+        run.close()
+    run.write_summary(summary)
+    if runner.rows:
+        run.write_plot(runner.rows, title)
+    if tracker is not None:
+        tracker.finish(summary)
     return summary
 
 
