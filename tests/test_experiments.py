@@ -163,8 +163,11 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
         # has a second row, with the linear-scaling rule
         configs = [c.config().to_dict() for c in cells]
         varying = {k for c in configs for k, v in c.items() if v != configs[0][k]}
-        assert varying <= {"algorithm", "workers", "seed", "lr_scaling"}, (name, varying)
+        # (and fashion-dylu's second row: the same rules with Dynamic Local Updates on)
+        allowed = {"algorithm", "workers", "seed", "lr_scaling", "algorithm_params"}
+        assert varying <= allowed, (name, varying)
         assert all(c["lr_scaling"] == "none" or c["algorithm"] == "ssgd" for c in configs)
+        assert all(c["algorithm_params"] in ({}, {"dynamic_steps": True}) for c in configs)
     long = expand(load_preset("fashion-long"))
     assert {c.workers for c in long} == {1, 8, 16, 32, 64} and {c.seed for c in long} == {0, 1}
     assert len(long) == 2 * (1 + 4 * 10)
@@ -178,6 +181,9 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
     assert {"dana-slim", "dana-ga", "gap-aware", "dana-local", "ormo", "smega2"} <= {
         c.algorithm for c in beyond
     }
+    dylu = expand(load_preset("fashion-dylu"))
+    assert len(dylu) == 24 and {c.config().timing for c in dylu} == {"heterogeneous"}
+    assert sum(c.config().algorithm_params == {"dynamic_steps": True} for c in dylu) == 12
     fixed = {k: v for k, v in load_preset("fashion-long").fixed.items() if k != "description"}
     assert {k: load_preset("fashion-beyond").fixed.get(k) for k in fixed} == fixed
     full = expand(load_preset("fashion-full"))
