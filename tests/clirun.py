@@ -23,8 +23,10 @@ import atexit
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 #: The environment of every command: the tests' own, one OpenMP thread.
@@ -167,3 +169,22 @@ def run_dana(
     return subprocess.CompletedProcess(
         ["dana", *argv], reply["returncode"], reply["stdout"], reply["stderr"]
     )
+
+
+def kill_at_first_checkpoint(*args: str | Path, out: Path, timeout: float = 120) -> None:
+    """Start ``dana train ARGS --out OUT`` in a real interpreter (a kill must hit a real
+    process, not a fork of the helper), SIGKILL it once ``OUT/checkpoint.pt`` exists, and
+    check the kill came before the run finished."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dana.cli", "train", *map(str, args), "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=ENV,
+    )
+    deadline = time.time() + timeout
+    while not (out / "checkpoint.pt").exists() and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (out / "checkpoint.pt").exists()
+    assert not (out / "summary.json").exists(), "the run finished before it could be killed"

@@ -8,15 +8,14 @@ import csv
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from clirun import kill_at_first_checkpoint
 
 import dana
 from dana.errors import ConfigError
@@ -364,19 +363,7 @@ def test_kill_and_resume_equals_an_uninterrupted_run(tmp_path, whole_mode, run_m
     result = _dana("train", *SMALL, *whole_mode, "--out", str(whole))
     assert result.returncode == 0, result.stderr
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dana.cli", "train", *SMALL, *run_mode, "--out", str(killed)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=ENV,
-    )
-    deadline = time.time() + 120
-    while not (killed / "checkpoint.pt").exists() and time.time() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert (killed / "checkpoint.pt").exists()
-    assert not (killed / "summary.json").exists(), "the run finished before it could be killed"
+    kill_at_first_checkpoint(*SMALL, *run_mode, out=killed)
     resume_mode = [a for a in run_mode if "batch" not in a and a != "3"]  # (saved in config)
     result = _dana("train", "--resume", str(killed), "--quiet", *resume_mode)
     assert result.returncode == 0, result.stderr

@@ -7,16 +7,13 @@ import csv
 import gzip
 import json
 import os
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from clirun import run_dana
+from clirun import kill_at_first_checkpoint, run_dana
 
 from dana.data import write_cifar10, write_idx
 from dana.train.rundir import METRICS_COLUMNS
@@ -116,19 +113,7 @@ def test_resume_after_kill_equals_uninterrupted_run(tmp_path):
     assert dana("train", *args, "--out", str(whole)).returncode == 0
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dana.cli", "train", *args, "--out", str(killed)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=ENV,
-    )
-    deadline = time.time() + 120
-    while not (killed / "checkpoint.pt").exists() and time.time() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert (killed / "checkpoint.pt").exists()
-    assert not (killed / "summary.json").exists(), "the run finished before it could be killed"
+    kill_at_first_checkpoint(*args, out=killed)
 
     result = dana("train", "--resume", str(killed), "--quiet")
     assert result.returncode == 0, result.stderr
