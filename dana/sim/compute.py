@@ -14,7 +14,9 @@ as the sequential simulator applies them (same events, batches, staleness, log).
   sets of activations; :func:`auto_batch_workers` picks ``B`` to fit the device.
 - :class:`ThreadedEngine` (``threads=N``): up to ``N`` gradients at once on ``N`` Python
   threads, each on its own model replica, with one intra-op thread each: gradients and
-  losses are bit for bit the sequential simulator's with one thread.
+  losses are bit for bit the sequential simulator's with one thread. Pipelined: the
+  threads compute the next ``N`` workers' gradients while the main thread applies a
+  push, so the push's serial work (rules, gap, BatchNorm replay) overlaps them.
 
 BatchNorm's running statistics are folded into the shared model when each push is
 processed, in event order: from each worker's contribution (batched,
@@ -66,7 +68,7 @@ class Engine:
                 "(--batch-workers 1 --threads 1)"
             )
         self.step, self.source, self.size = step, source, int(size)
-        self.pending: dict[int, tuple[Tensor, float, Running]] = {}
+        self.pending: dict[int, Any] = {}  # (a result, or its future: threaded)
         self.computed = 0  # gradients computed (a measure of work ahead)
         self.calls = 0  # calls of the engine's kernel
 
@@ -77,28 +79,47 @@ class Engine:
         batch: Callable[[int], Any],
         inflight: InFlight,
     ) -> tuple[Tensor, float]:
-        """Worker ``i``'s gradient (weight decay included) and loss. Computes it, with
-        those of the next in-flight workers without one, when it is not pending; folds
-        its running statistics into the shared model."""
-        if i not in self.pending:
-            group = [i]
+        """Worker ``i``'s gradient (weight decay included) and loss. Starts it, with
+        those of the next in-flight workers without one (:meth:`_room`), when it is not
+        pending; folds its running statistics into the shared model."""
+        start = [] if i in self.pending else [i]
+        room = self._room(not start)
+        if room:
             for j in inflight(i):
-                if len(group) >= self.size:
+                if len(start) >= room + (i in start):
                     break
-                if j != i and j not in self.pending:
-                    group.append(j)
-            points = [self.step.rule.compute_at(j, pulled(j)) for j in group]
-            for j, result in zip(group, self._compute(points, [batch(j) for j in group])):
-                self.pending[j] = result
-            self.computed += len(group)
+                if j != i and j not in self.pending and j not in start:
+                    start.append(j)
+        if start:
+            points = [self.step.rule.compute_at(j, pulled(j)) for j in start]
+            self._start(start, points, [batch(j) for j in start])
+            self.computed += len(start)
             self.calls += 1
-        grad, loss, running = self.pending.pop(i)
+        grad, loss, running = self._take(i)
         # (restores the rule's per-computation context, as a local-step rule keeps one)
         p = self.step.rule.compute_at(i, pulled(i))
         if self.step.weight_decay:
             grad.add_(p, alpha=self.step.weight_decay)
         self._fold(running)
         return grad, loss
+
+    @property
+    def lookahead(self) -> int:
+        """How many of the next workers due ``inflight`` should list."""
+        return self.size
+
+    def _room(self, due_pending: bool) -> int:
+        """How many other workers to start with the due one: the next ``size - 1`` when
+        it has no gradient yet, else none (one call of up to ``size`` gradients)."""
+        return 0 if due_pending else self.size - 1
+
+    def _start(self, workers: list[int], points: list[Tensor], batches: list[Any]) -> None:
+        """Compute (or start computing) the gradients of ``workers`` into ``pending``."""
+        for j, result in zip(workers, self._compute(points, batches)):
+            self.pending[j] = result
+
+    def _take(self, i: int) -> tuple[Tensor, float, Running]:
+        return self.pending.pop(i)
 
     def _fold(self, running: Running) -> None:
         """Fold one worker's BatchNorm running statistics into the shared model."""
@@ -148,7 +169,12 @@ class BatchedEngine(Engine):
 
 class ThreadedEngine(Engine):
     """Up to ``size`` gradients at once on ``size`` threads, one replica each, with one
-    intra-op thread (set for the whole process while the engine exists)."""
+    intra-op thread (set for the whole process while the engine exists).
+
+    Pipelined: ``size`` gradients of the next workers due are kept computing while the
+    main thread waits for the due one and then applies its push (the rules, the gap,
+    the BatchNorm replay), so the threads never wait for the push. This is exact
+    because an in-flight worker's point and batch stay fixed until its push."""
 
     def __init__(self, step: WorkerStep, source: GradientSource, size: int):
         super().__init__(step, source, size)
@@ -157,12 +183,40 @@ class ThreadedEngine(Engine):
         for _ in range(self.size):
             self.replicas.put(Replica(source))
         self.pool = ThreadPoolExecutor(self.size, thread_name_prefix="dana-worker")
+        self._rng: Tensor | None = None  # the global RNG's state while gradients run
 
     def _fold(self, inputs):
         replay_running(self.source.flat.module, inputs)
 
+    @property
+    def lookahead(self) -> int:
+        return self.size + len(self.pending) + 1
+
+    def _room(self, due_pending: bool) -> int:
+        # keep ``size`` gradients besides the due one computing or done
+        return max(0, self.size - (len(self.pending) - due_pending))
+
+    def _start(self, workers, points, batches):
+        if self._rng is None:
+            self._rng = torch.random.get_rng_state()
+        for j, point, b in zip(workers, points, batches):
+            self.pending[j] = self.pool.submit(self._one, point, b)
+
+    def _take(self, i):
+        result = self.pending.pop(i).result()
+        if self._rng is not None and not torch.equal(self._rng, torch.random.get_rng_state()):
+            raise RuntimeError(
+                "the model drew random numbers (dropout?) while gradients were computed "
+                "on several threads: their draws would not follow the sequential order; "
+                "use --threads 1"
+            )
+        return result
+
     def state_dict(self) -> dict[str, Any]:
         return {}  # (the pending gradients are computed again, bit for bit)
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+        self._drop()
 
     def _one(self, point: Tensor, batch: Any) -> tuple[Tensor, float, Running]:
         replica = self.replicas.get()
@@ -171,21 +225,17 @@ class ThreadedEngine(Engine):
         finally:
             self.replicas.put(replica)
 
-    def _compute(self, points, batches):
-        if len(points) == 1:
-            return [self._one(points[0], batches[0])]
-        before = torch.random.get_rng_state()
-        results = list(self.pool.map(self._one, points, batches))
-        if not torch.equal(before, torch.random.get_rng_state()):
-            raise RuntimeError(
-                "the model drew random numbers (dropout?) while gradients were computed "
-                "on several threads: their draws would not follow the sequential order; "
-                "use --threads 1"
-            )
-        return results
+    def _drop(self) -> None:
+        """Forget the pending gradients (waiting for those being computed)."""
+        for future in self.pending.values():
+            future.cancel()
+        for future in self.pending.values():
+            if not future.cancelled():
+                future.exception()
+        self.pending = {}
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False)
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def build_engine(

@@ -268,7 +268,7 @@ class Simulator:
         rest of a synchronous round, else the queue by finish time."""
         if self.synchronous and not self.bounded:
             return list(range(i + 1, self.k))
-        size = self.engine.size if self.engine is not None else 1
+        size = self.engine.lookahead if self.engine is not None else 1
         return [j for _, j in heapq.nsmallest(size, self.queue)]
 
     def _message(self, i: int, grad: Tensor, lr: float) -> Tensor | None:
