@@ -101,6 +101,18 @@ def test_threaded_is_bit_for_bit_sequential(algorithm, k):
     par.engine.close()
 
 
+def test_threaded_engine_keeps_the_next_gradients_computing():
+    """Pipelined: after each push the threads hold ``N`` gradients of the next workers
+    due (computing or done), so they need not wait for the main thread's push."""
+    torch.set_num_threads(1)
+    par, _ = _sim("dana-slim", 7, threads=3, dtype=torch.float32)
+    for _ in range(20):
+        par.step()
+        assert len(par.engine.pending) == 3
+        assert set(par.engine.pending) <= {j for _, j in par.queue}  # in flight only
+    par.engine.close()
+
+
 @pytest.mark.parametrize("mode", [{"batch_workers": 3}, {"threads": 2}])
 @pytest.mark.parametrize(
     "setting",
