@@ -42,6 +42,7 @@ from torch.utils.data import default_collate
 from dana.data import Dataset
 from dana.errors import ConfigError, DanaError
 from dana.train.backends import runner_class
+from dana.train.batches import BatchStream
 from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
 from dana.train.flat import FlatModel, LossFn
@@ -143,17 +144,15 @@ class UserProblem:
             num_classes=0,
             augment=False,
         )
-        self.augment_generator = torch.Generator().manual_seed(config.seed + 1_000_003)
 
     def initial_params(self) -> Tensor:
         return self.flat.flat.clone()
 
+    def batches(self, seed: int) -> BatchStream:
+        return BatchStream(self.dataset.train_size, self.config.batch_size, seed=seed)
+
     def gradient(self, params: Tensor, rows: Tensor) -> tuple[Tensor, float]:
         return self.flat.gradient(params, *self.inputs(rows), self.loss_fn)
-
-    #: the gradient draws no random numbers of its own (a model with dropout does:
-    #: the batched engine then refuses it, the threaded one checks)
-    random_gradient = False
 
     def inputs(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         ds = self.dataset
@@ -187,14 +186,10 @@ class UserProblem:
         return total / len(x), wrong / len(x) if classification else float("nan")
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "buffers": self.flat.buffers_state(),
-            "augment_generator": self.augment_generator.get_state(),
-        }
+        return {"buffers": self.flat.buffers_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.flat.load_buffers_state(state["buffers"])
-        self.augment_generator.set_state(state["augment_generator"])
 
 
 @dataclass

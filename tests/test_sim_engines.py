@@ -292,21 +292,53 @@ def test_the_device_option_is_validated():
                           batch_size=2, device="cuda")  # fmt: skip
 
 
-def test_augmented_data_refuses_batching_and_threads_fall_back():
-    from dana.sim.runner import engine_settings
+def test_augmented_batches_are_the_same_in_any_order_and_on_any_thread():
+    """A batch's augmentation is drawn from its key (seeded by the stream and the
+    batch's number), so it does not depend on when its gradient is computed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dana.train.batches import KeyedBatchStream
     from dana.train.config import TrainConfig
     from dana.train.problem import Problem
 
-    config = TrainConfig(dataset="synthetic", model="linear", train_size=256, test_size=64,
-                         batch_size=32, augment=True, workers=4, batch_workers=3)  # fmt: skip
+    config = TrainConfig(dataset="synthetic", model="cnn", train_size=256, test_size=64,
+                         batch_size=32, augment=True)  # fmt: skip
     problem = Problem(config)
-    batches = BatchStream(256, 32)
-    with pytest.raises(ConfigError, match="--no-augment"):
-        engine_settings(config, problem, 1, batches)
-    config.batch_workers = 1
-    assert engine_settings(config, problem, 4, batches) == (1, 1)  # one at a time
+    stream = problem.batches(5)
+    assert isinstance(stream, KeyedBatchStream)
+    batches = [stream.next() for _ in range(12)]  # (past an epoch: 8 per epoch)
+    first = [problem.inputs(b)[0] for b in batches]
+    with ThreadPoolExecutor(3) as pool:
+        again = list(pool.map(lambda b: problem.inputs(b)[0], reversed(batches)))[::-1]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    plain = problem.dataset.train_x[batches[0][0]]
+    assert not torch.equal(first[0], plain)  # it does augment
+    assert len({b[1] for b in batches}) == len(batches)  # a key per batch
+    resumed = problem.batches(5)
+    resumed.load_state_dict(stream.state_dict())
+    stream_next, resumed_next = stream.next(), resumed.next()
+    assert stream_next[1] == resumed_next[1] and torch.equal(stream_next[0], resumed_next[0])
     config.augment = False
-    assert engine_settings(config, Problem(config), 4, batches) == (1, 4)
+    assert type(Problem(config).batches(5)) is BatchStream
+
+
+def test_augmented_data_takes_both_engines(tmp_path):
+    """With augmentation, threads give the sequential run bit for bit and batched
+    workers the same run within float rounding, through the real command."""
+    small = ["--dataset", "synthetic", "--model", "cnn", "--train-size", "512", "--test-size",
+             "256", "--batch-size", "32", "--quiet", "--algorithm", "dana-zero", "--workers", "6",
+             "--epochs", "4", "--eval-every", "2", "--augment"]  # fmt: skip
+    runs = {}
+    for name, mode in [("seq", []), ("threads", ["--threads", "2"]),
+                       ("batched", ["--batch-workers", "3"])]:  # fmt: skip
+        result = _dana("train", *small, *mode, "--out", str(tmp_path / name))
+        assert result.returncode == 0, result.stderr
+        runs[name] = _metrics(tmp_path / name)
+    assert runs["threads"] == runs["seq"]
+    assert len(runs["batched"]) == len(runs["seq"]) == 3
+    for a, b in zip(runs["batched"][1:], runs["seq"][1:]):  # (row 0: no train loss yet)
+        assert abs(float(a["train_loss"]) - float(b["train_loss"])) < 1e-4
+        assert abs(float(a["test_loss"]) - float(b["test_loss"])) < 1e-4
 
 
 # -- CUDA (where a GPU is lent) ----------------------------------------------------------

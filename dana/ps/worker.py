@@ -25,7 +25,8 @@ pull had to wait.
 Data: every worker draws batches from its own :class:`~dana.train.batches.BatchStream`,
 a fresh shuffle of all ``N`` training examples per pass, seeded by
 ``(seed, worker, incarnation)``; a restarted or resumed worker (a new incarnation)
-draws a new order. The run's epochs count every worker's batches together (total
+draws a new order. With augmentation, each batch's draws are seeded by its key in that
+stream (:class:`~dana.train.batches.KeyedBatchStream`). The run's epochs count every worker's batches together (total
 gradient computations / ``N // B``), as in the simulator, so in one epoch every example
 is used once in expectation.
 
@@ -155,8 +156,7 @@ class Worker:
     def _start(self, incarnation: int) -> None:
         cfg = self.config
         seed = int(np.random.SeedSequence([cfg.seed, self.index, incarnation]).generate_state(1)[0])
-        self.stream = BatchStream(self.problem.dataset.train_size, cfg.batch_size, seed=seed)
-        self.problem.augment_generator.manual_seed(seed + 1)
+        self.stream = self.problem.batches(seed)
         if cfg.time_scale > 0:
             self.delay = StepDelay(cfg, self.index, incarnation)
 

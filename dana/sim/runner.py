@@ -38,12 +38,12 @@ def engine_settings(
     """``(batch_workers, threads)`` for the simulator (:mod:`dana.sim.compute`).
 
     ``--batch-workers B`` (``auto``: :func:`~dana.sim.compute.auto_batch_workers`) takes
-    the batched engine; a gradient that draws random numbers (augmentation) is then a
-    ConfigError. Otherwise ``--threads N > 1`` on the CPU takes the threaded engine (N
-    workers' gradients at once, one intra-op thread each) where the gradient draws no
-    random numbers; else the run computes one worker at a time on N intra-op threads
-    (set by the caller), as before."""
-    random = getattr(problem, "random_gradient", False)
+    the batched engine. Otherwise ``--threads N > 1`` on the CPU takes the threaded
+    engine (N workers' gradients at once, one intra-op thread each); else the run
+    computes one worker at a time on N intra-op threads (set by the caller). Augmented
+    data takes either engine: a batch's augmentation is drawn from its key
+    (:class:`~dana.train.batches.KeyedBatchStream`), not in the order gradients are
+    computed."""
     batch_workers = config.batch_workers
     if batch_workers == "auto":
         source = problem.source()
@@ -51,18 +51,12 @@ def engine_settings(
             source, config.workers, torch.arange(batches.batch_size), problem.flat.flat.device
         )
     if batch_workers > 1:
-        if random:
-            raise ConfigError(
-                f"--batch-workers {config.batch_workers}: the gradients of {config.dataset} "
-                "draw random numbers (augmentation), whose order would differ from the "
-                "sequential simulator's: add --no-augment, or use --batch-workers 1"
-            )
         try:
             running_buffers(problem.flat.module)
         except ValueError as e:
             raise ConfigError(f"--batch-workers {config.batch_workers}: {e}") from None
         return batch_workers, 1
-    if threads > 1 and problem.flat.flat.device.type == "cpu" and not random:
+    if threads > 1 and problem.flat.flat.device.type == "cpu":
         return 1, threads
     return 1, 1
 
@@ -82,7 +76,7 @@ class SimRun:
         algorithm = (
             algorithm if algorithm is not None else config.build_algorithm()
         )  # (train() gives the one it built)
-        self.batches = BatchStream(problem.dataset.train_size, config.batch_size, seed=config.seed)
+        self.batches = problem.batches(config.seed)
         batch_workers, threads = engine_settings(config, problem, threads, self.batches)
         self.sim = Simulator(
             algorithm,

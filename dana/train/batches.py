@@ -5,6 +5,13 @@ simulation model"). Each epoch is a fresh permutation of the ``n`` examples draw
 the stream's own generator, cut into ``n // batch_size`` batches (the remainder is left
 out). A batch is a tensor of example indices.
 
+:class:`KeyedBatchStream` (for augmented training data) gives each batch with its
+*key* ``(rows, key)``: the seed of that batch's augmentation draws, made from the
+stream's seed and the batch's number in the stream. A batch's augmentation is then
+fixed when the batch is drawn (at the worker's pull), whenever and on whichever thread
+its gradient is computed, so computing several workers' gradients at once
+(:mod:`dana.sim.compute`) gives the sequential simulator's run.
+
     >>> s = BatchStream(10, 4, seed=0)
     >>> s.batches_per_epoch, s.next().shape
     (2, torch.Size([4]))
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -24,12 +32,17 @@ class BatchStream:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
         if n < batch_size:
             raise ValueError(f"batch_size {batch_size} is larger than the {n} examples")
-        self.n, self.batch_size = n, batch_size
+        self.n, self.batch_size, self.seed = n, batch_size, int(seed)
         self.batches_per_epoch = n // batch_size
         self.generator = torch.Generator().manual_seed(seed)
         self.perm = torch.randperm(n, generator=self.generator)
         self.position = 0  # batches taken from the current permutation
         self.epoch = 0
+
+    @property
+    def drawn(self) -> int:
+        """Batches drawn from the stream so far (the next batch's number)."""
+        return self.epoch * self.batches_per_epoch + self.position
 
     def next(self) -> Tensor:
         if self.position == self.batches_per_epoch:
@@ -57,3 +70,17 @@ class BatchStream:
         self.perm = state["perm"].clone()
         self.position = int(state["position"])
         self.epoch = int(state["epoch"])
+
+
+def batch_key(seed: int, number: int) -> int:
+    """The augmentation seed of batch ``number`` of the stream seeded ``seed``."""
+    return int(np.random.SeedSequence([seed % 2**63, number]).generate_state(1, np.uint64)[0])
+
+
+class KeyedBatchStream(BatchStream):
+    """A :class:`BatchStream` whose batches come with their keys: ``(rows, key)``,
+    ``key = batch_key(seed, number)`` (the module docstring says why)."""
+
+    def next(self) -> tuple[Tensor, int]:  # type: ignore[override]
+        number = self.drawn
+        return super().next(), batch_key(self.seed, number)

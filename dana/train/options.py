@@ -179,7 +179,7 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
         int,
         "the number of CPU threads the run uses (0: one per core): the simulator "
         "computes N in-flight workers' gradients at once, one thread each (with "
-        "augmentation, or --batch-workers, N intra-op threads instead). A run's result "
+        "--batch-workers, N intra-op threads instead). A run's result "
         "does not depend on it, so it is not saved in config.json and may be given with "
         "--resume. The default, 1 (or OMP_NUM_THREADS where set), holds up when other "
         "processes keep cores busy: more threads spin-wait against them "

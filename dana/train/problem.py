@@ -16,6 +16,7 @@ from torch import Tensor
 
 from dana.data import Dataset, augment_batch, load_dataset
 from dana.models import build_model
+from dana.train.batches import BatchStream, KeyedBatchStream
 from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
 from dana.train.flat import FlatModel
@@ -51,34 +52,38 @@ class Problem:
             if t.is_floating_point() and dtype != torch.float32:
                 t = t.to(dtype)
             setattr(ds, name, t.to(self.device))
-        # (on the CPU: the draws of every augmentation, in the order gradients are computed)
-        self.augment_generator = torch.Generator().manual_seed(config.seed + 1_000_003)
 
-    @property
-    def random_gradient(self) -> bool:
-        """True when a gradient draws random numbers (augmentation): its result then
-        depends on the order gradients are computed in."""
-        return bool(self.dataset.augment)
+    def batches(self, seed: int) -> BatchStream:
+        """The stream of training batches seeded ``seed``: with augmentation, a
+        :class:`~dana.train.batches.KeyedBatchStream`, whose keys seed each batch's
+        augmentation draws."""
+        stream = KeyedBatchStream if self.dataset.augment else BatchStream
+        return stream(self.dataset.train_size, self.config.batch_size, seed=seed)
 
     def source(self) -> GradientSource:
-        """The model, loss and data, for the simulator's batched and threaded engines."""
-        return GradientSource(self.flat, F.cross_entropy, self.inputs, self.random_gradient)
+        """The model, loss and data, for the simulator's batched and threaded engines
+        (augmentation draws no numbers in the order gradients are computed: a batch's
+        draws are seeded by its key, :meth:`batches`)."""
+        return GradientSource(self.flat, F.cross_entropy, self.inputs)
 
-    def inputs(self, rows: Tensor) -> tuple[Tensor, Tensor]:
-        """The examples ``rows`` of the training set, unaugmented, on the device."""
+    def inputs(self, batch: Tensor | tuple[Tensor, int]) -> tuple[Tensor, Tensor]:
+        """The training examples of ``batch`` on the device: rows (unaugmented), or
+        ``(rows, key)`` (augmented with draws seeded by ``key``: the same whenever and
+        on whichever thread it is called)."""
+        rows, key = batch if isinstance(batch, tuple) else (batch, None)
         rows = rows.to(self.device)
-        return self.dataset.train_x[rows], self.dataset.train_y[rows]
+        x = self.dataset.train_x[rows]
+        if key is not None:
+            x = augment_batch(x, torch.Generator().manual_seed(key))
+        return x, self.dataset.train_y[rows]
 
     def initial_params(self) -> Tensor:
         return self.flat.flat.clone()
 
-    def gradient(self, params: Tensor, rows: Tensor) -> tuple[Tensor, float]:
-        """The loss's gradient (no weight decay) at ``params`` on the examples ``rows``."""
-        rows = rows.to(self.device)
-        x = self.dataset.train_x[rows]
-        if self.dataset.augment:
-            x = augment_batch(x, self.augment_generator)
-        return self.flat.gradient(params, x, self.dataset.train_y[rows], F.cross_entropy)
+    def gradient(self, params: Tensor, batch: Tensor | tuple[Tensor, int]) -> tuple[Tensor, float]:
+        """The loss's gradient (no weight decay) at ``params`` on ``batch`` (see
+        :meth:`inputs`)."""
+        return self.flat.gradient(params, *self.inputs(batch), F.cross_entropy)
 
     def evaluate(self, params: Tensor) -> tuple[float, float]:
         """(test loss, test error) at ``params``."""
@@ -86,11 +91,7 @@ class Problem:
         return self.flat.evaluate(params, ds.test_x, ds.test_y, F.cross_entropy)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "buffers": self.flat.buffers_state(),
-            "augment_generator": self.augment_generator.get_state(),
-        }
+        return {"buffers": self.flat.buffers_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.flat.load_buffers_state(state["buffers"])
-        self.augment_generator.set_state(state["augment_generator"])
