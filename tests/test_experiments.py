@@ -281,6 +281,36 @@ def test_a_sweep_refuses_a_directory_holding_runs_of_other_settings(swept):
     assert result.returncode == 2 and "other settings" in result.stderr
 
 
+def test_a_sweep_reuses_finished_runs_of_the_same_settings(swept, tmp_path):
+    out = tmp_path / "second"
+    (out / "runs" / ".asgd_k2_s0.reuse").mkdir(parents=True)  # a copy a kill cut short
+    result = dana("sweep", *TINY, "--algorithms", "dana-slim,asgd", "--workers", "2",
+                  "--out", str(out), "--reuse", str(swept), "--quiet")  # fmt: skip
+    assert "1 reused" in result.stdout
+    copied, original = out / "runs" / "dana-slim_k2_s0", swept / "runs" / "dana-slim_k2_s0"
+    assert {p.name for p in copied.iterdir()} == {
+        p.name for p in original.iterdir() if p.name != "checkpoint.pt"
+    }
+    for name in ("config.json", "metrics.csv", "summary.json"):
+        assert (copied / name).read_bytes() == (original / name).read_bytes()
+    assert (out / "runs" / "asgd_k2_s0" / "summary.json").is_file()  # (ran: no such run)
+    assert not (out / "runs" / ".asgd_k2_s0.reuse").exists()
+    record = json.loads((out / "sweep.json").read_text())
+    assert {c["name"]: c["status"] for c in record["cells"]} == {
+        "dana-slim_k2_s0": "reused",
+        "asgd_k2_s0": "finished",
+    }
+    assert f"reuse dana-slim_k2_s0: a copy of {original}" in (out / "sweep.log").read_text()
+    # other settings are run, not copied; a directory that is not there is bad input
+    other = dana("sweep", *TINY, "--momentum", "0.5", "--algorithms", "dana-slim", "--workers",
+                 "2", "--out", str(tmp_path / "third"), "--reuse", str(swept), "--quiet")  # fmt: skip
+    assert "0 reused" in other.stdout and "1 finished" in other.stdout
+    bad = dana("sweep", *TINY, "--algorithms", "asgd", "--workers", "2", "--out",
+               str(tmp_path / "fourth"), "--reuse", str(tmp_path / "none"), check=False)  # fmt: skip
+    assert bad.returncode == 2 and "--reuse" in bad.stderr and "no such directory" in bad.stderr
+    assert not (tmp_path / "fourth").exists()
+
+
 def test_a_failing_run_does_not_stop_the_others(tmp_path):
     out = tmp_path / "results"
     result = dana("sweep", *TINY, "--algorithms", "asgd", "--workers", "2",

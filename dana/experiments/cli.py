@@ -136,6 +136,14 @@ def add_sweep_parser(sub) -> None:
         action="store_true",
         help="keep finished runs' checkpoint.pt (default: delete them once summary.json exists)",
     )
+    run.add_argument(
+        "--reuse",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="copy, instead of running, a cell whose settings equal those of a finished "
+        "simulator run in DIR (another sweep's results directory); may be repeated",
+    )
     run.add_argument("--dry-run", action="store_true", help="list the runs and their state")
     run.add_argument(
         "--report", action="store_true", help="write the report and print its table at the end"
@@ -202,10 +210,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         import_mlflow()
     out = args.out or args.resume or f"results/{args.preset or 'sweep'}"
     if args.dry_run:
+        from dana.experiments.layout import NEW
+        from dana.experiments.reuse import ReusableRuns
+
         sweep = SweepDir(out)
         cells = plan(spec, sweep)
+        reusable = ReusableRuns(args.reuse) if args.reuse else None
         for cell in cells:
-            print(f"{cell.name:40s} {sweep.state(cell)}")
+            state = sweep.state(cell)
+            source = reusable.find(cell.config().to_dict()) if reusable and state == NEW else None
+            print(f"{cell.name:40s} {state}" + (f" (reuse {source})" if source else ""))
         print(f"{len(cells)} runs into {out}")
         return EXIT_OK
     result = run_sweep(
@@ -215,11 +229,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         keep_checkpoints=args.keep_checkpoints,
         threads=args.threads,
+        reuse=args.reuse,
     )
+    reused = f"{result.count('reused')} reused, " if args.reuse else ""
     print(
         f"dana sweep: {len(result.status)} runs in {out}: {result.count('finished')} finished, "
         f"{result.count('diverged')} diverged, {result.count('skipped')} skipped (done before), "
-        f"{len(result.failed)} failed. Log: {SweepDir(out).log_file}"
+        f"{reused}{len(result.failed)} failed. Log: {SweepDir(out).log_file}"
     )
     if args.report:
         _print_report(out, None, args.target, None)

@@ -14,6 +14,9 @@ sets, or the sweep's own ``--threads``). Its output goes to ``OUT/logs/NAME.log`
   them, and they stay.
 - A cell that fails (exit 1 or 2) or diverges (exit 3) is recorded in ``sweep.log`` and
   ``sweep.json``; the others run on.
+- ``reuse``: a cell that never started, of the same settings as a finished run of
+  another sweep, gets a copy of that run instead of running
+  (:mod:`dana.experiments.reuse`).
 - SIGINT/SIGTERM stop the running cells (they keep their checkpoints) and exit 130; if
   the sweep itself is killed, its runs get SIGTERM from the kernel (Linux).
 """
@@ -35,7 +38,8 @@ from tqdm import tqdm
 
 from dana.atomic import write_text_atomic
 from dana.experiments.grid import Cell, SweepSpec, expand
-from dana.experiments.layout import FINISHED, RESTART, RESUMABLE, SweepDir
+from dana.experiments.layout import FINISHED, NEW, RESTART, RESUMABLE, SweepDir
+from dana.experiments.reuse import ReusableRuns, copy_run, remove_leftovers
 from dana.train.config import TrainConfig
 from dana.train.resources import check_threads
 
@@ -136,17 +140,23 @@ def run_sweep(
     progress: bool = True,
     keep_checkpoints: bool = False,
     threads: int | None = None,
+    reuse: list[str | Path] | tuple[str | Path, ...] = (),
 ) -> SweepResult:
     """Run every cell of ``spec`` into the results directory ``out`` (see the module doc).
 
     A finished run's ``checkpoint.pt`` is deleted unless ``keep_checkpoints``. Each run
-    uses ``threads`` CPU threads (default :func:`threads_per_job`)."""
+    uses ``threads`` CPU threads (default :func:`threads_per_job`). ``reuse``: results
+    directories whose finished runs of a cell's settings are copied, not run again."""
     sweep = SweepDir(out)
     cells = plan(spec, sweep)
+    reusable = ReusableRuns(list(reuse)) if reuse else None
     sweep.acquire()
     result = SweepResult()
     try:
-        _Runner(spec, sweep, cells, jobs, progress, result, keep_checkpoints, threads).run()
+        remove_leftovers(sweep.runs)
+        _Runner(
+            spec, sweep, cells, jobs, progress, result, keep_checkpoints, threads, reusable
+        ).run()
     finally:
         sweep.release()
     return result
@@ -165,9 +175,11 @@ class _Runner:
         result: SweepResult,
         keep_checkpoints: bool = False,
         threads: int | None = None,
+        reusable: ReusableRuns | None = None,
     ):
         self.spec, self.sweep, self.cells, self.result = spec, sweep, cells, result
         self.keep_checkpoints = keep_checkpoints
+        self.reusable = reusable
         self.jobs = max(1, jobs)
         self.threads = threads_per_job(self.jobs) if threads is None else check_threads(threads)
         self.running: dict[str, _Job] = {}
@@ -213,12 +225,21 @@ class _Runner:
         self.sweep.log(
             f"sweep done: {self.result.count('finished')} finished, "
             f"{self.result.count('diverged')} diverged, {self.result.count('skipped')} skipped, "
-            f"{len(self.result.failed)} failed"
+            f"{self.result.count('reused')} reused, {len(self.result.failed)} failed"
         )
 
     def _start(self, cell: Cell) -> None:
         state = self.sweep.state(cell)
         run = self.sweep.run_dir(cell)
+        if state == NEW and self.reusable:
+            source = self.reusable.find(cell.config().to_dict())
+            if source is not None:
+                write_text_atomic(self.sweep.cell_file(cell), _json(cell.config().to_dict()))
+                copy_run(source, run)
+                self.result.status[cell.name] = "reused"
+                self.sweep.log(f"reuse {cell.name}: a copy of {source} (the same settings)")
+                self._record()
+                return
         if state == RESUMABLE:
             args = ["train", "--resume", str(run.path), "--quiet"]
             mode = "resume from checkpoint"
