@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from test_dist import run_on_ray, tiny
 
 from dana.errors import DanaError, FaultError
@@ -32,6 +33,7 @@ from dana.ps.log import LogMerger, ShardLog
 from dana.ps.recovery import RelayLog, recovery_state
 from dana.ps.server import APPLIED, DUPLICATE, NOT_HEAD, ShardServer
 from dana.train.progress import Progress
+from dana.train.rundir import RunDir
 
 try:
     import ray
@@ -183,6 +185,32 @@ def test_a_promoted_standby_is_its_head_and_takes_resent_pushes_once():
         counters = server.counters()
         assert counters["applied"] == counters["last_seq"] == [11, 11]
         assert counters["call_gaps"] == 0
+
+
+def test_without_a_standby_the_log_holds_the_other_shards_parts_only():
+    """``--no-standby``: the head copies no part of its own into its log, which the other
+    shards' snapshots alone trim; with one shard there is no log at all."""
+    config = tiny(algorithm="dana-slim", workers=2, servers=2, standby=False)
+    options = dict(d=8, batches_per_epoch=100, end=60, evals=[], checkpoints=[])
+    head = ShardServer(config.to_dict(), 0, np.zeros(4, np.float32), **options, peers=["s1"])
+    one = ShardServer(config.to_dict(), 1, np.zeros(4, np.float32), **options)
+    head.relay.names = []  # (no Ray: the handles are set by hand)
+    head.begin(0.0)
+    head.relay.peers = [Direct(one)]
+    head.relay_pull(0, True)
+    g = np.ones(8, np.float32)
+    for seq in (1, 2, 3):
+        assert head.relay_exchange(0, seq, g[:4], 1.0, None, None, [g[4:]], [None])[0] == APPLIED
+    log = head.relay.log
+    assert [method for _, method, _ in log.calls] == ["pull"] + ["push", "pull"] * 3
+    assert all(args[0] == () for _, method, args in log.calls if method == "push")
+    assert log.bytes == 3 * 16  # shard 1's slices only
+    head.trim(1, one.calls)  # shard 1's snapshot covers everything: nothing is kept
+    assert not log.calls and log.bytes == 0
+    assert one.counters()["applied"] == head.counters()["applied"] == [3, 0]
+    alone = tiny(algorithm="dana-slim", workers=2, servers=1, standby=False).to_dict()
+    only = ShardServer(alone, 0, np.zeros(8, np.float32), **options)
+    assert only.relay.log is None
 
 
 def test_the_log_merger_drops_what_a_rebuilt_shard_reports_again():
@@ -390,7 +418,6 @@ def test_the_only_shard_lost_twice_survived_then_with_its_standby_a_fault_resume
     FaultError), and ``--resume`` completes the run exactly."""
     from dana.ps.launcher import RayRun
     from dana.train.problem import Problem
-    from dana.train.rundir import RunDir
 
     config = tiny(
         algorithm="dana-slim", workers=3, servers=1, epochs=6.0, checkpoint_every=1.0,
@@ -418,6 +445,72 @@ def test_the_only_shard_lost_twice_survived_then_with_its_standby_a_fault_resume
     run.write_summary(runner.summary)
     assert runner.rows[: len(saved["rows"])] == saved["rows"]
     check_every_shard(runner, steps=6 * 32)
+
+
+@pytest.mark.ray
+@needs_ray
+def test_without_a_standby_a_run_completes_exactly(dana_ray, tmp_path):
+    """``standby=False`` (``--no-standby``): no standby actor; every push applied once on
+    both shards."""
+    runner = run_on_ray(
+        tiny(algorithm="dana-slim", workers=3, servers=2, standby=False), tmp_path / "run"
+    )
+    dist = check_every_shard(runner, steps=3 * 32)
+    assert dist["with_standby"] is False and dist["standby"] is None
+    assert "standby" not in dist["placement"] and len(dist["placement"]) == 3 + 2
+    assert dist["promotions"] == dist["standbys_rebuilt"] == [] and runner.standbys == 0
+    assert "standby_lost" in dist and dist["standby_lost"] == 0
+
+
+@pytest.mark.ray
+@needs_ray
+def test_without_a_standby_the_loss_of_shard_0_exits_4_then_resumes_exactly(
+    dana_ray, tmp_path, monkeypatch, capsys
+):
+    """``dana train --no-standby`` with one shard: killing it ends the run with exit
+    status 4 and the way to go on; ``--resume`` then completes the run exactly."""
+    from dana.cli import main
+    from dana.ps.launcher import RayRun
+
+    poll, killed = RayRun._poll, []
+
+    def poll_then_kill(self: Any, ray_: Any, servers: list[Any]) -> None:
+        poll(self, ray_, servers)
+        if not killed and self.steps >= 48:  # (past the first checkpoint, at 32)
+            killed.append(self.steps)
+            ray.kill(self.servers[0], no_restart=True)
+
+    monkeypatch.setattr(RayRun, "_poll", poll_then_kill)
+    out = tmp_path / "run"
+    options = [
+        "train", "--backend", "ray", "--no-standby", "--algorithm", "dana-slim",
+        "--workers", "3", "--dataset", "synthetic", "--model", "mlp", "--train-size", "1024",
+        "--test-size", "256", "--epochs", "4", "--batch-size", "32", "--lr", "0.05",
+        "--warmup-epochs", "0.5", "--checkpoint-every", "1", "--time-scale", "0.002",
+        "--quiet", "--out", str(out),
+    ]  # fmt: skip
+    assert main(options) == 4
+    err = capsys.readouterr().err
+    assert "shard 0 was lost, and this run has no standby (--no-standby)" in err, err
+    assert f"dana train --resume {out}" in err and "Traceback" not in err
+    assert killed and killed[0] < 4 * 32 - 10, killed  # mid-run
+    assert not (out / "summary.json").exists()
+    assert json.loads((out / "config.json").read_text())["standby"] is False
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert 32 <= saved["servers"][0]["steps"] <= killed[0]
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(out), "--quiet"]) == 0
+    dist = json.loads((out / "dist.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    (shard,) = dist["shards"]
+    assert dist["with_standby"] is False and dist["standby"] is None
+    assert shard["applied"] == shard["last_seq"] and shard["seq_gaps"] == 0
+    assert shard["duplicates"] == 0
+    assert shard["pushes"] == shard["updates"] == summary["pushes"] == 4 * 32
+    assert dist["log_peak_calls"] == 0  # one shard, no standby: nothing logged
+    rows = RunDir(out).read_metrics()
+    assert [r["epoch"] for r in rows] == [0, 1, 2, 3, 4]
+    assert rows[-1]["test_loss"] < 0.75 * rows[0]["test_loss"]
 
 
 @pytest.mark.ray

@@ -25,7 +25,8 @@ shards count alike; it keeps the calls it relayed, and a lost shard ``s >= 1`` o
 standby is rebuilt from its latest snapshot (which the driver keeps) and those calls; a
 lost head is replaced by its standby, promoted (:mod:`dana.ps.recovery`). Losing the
 head and its standby at once raises :class:`~dana.errors.FaultError` (exit status 4:
-``--resume``).
+``--resume``), and so does losing the head of a run without a standby
+(``--no-standby``: ``config.standby`` false; its pushes cost less).
 
 ``--max-staleness s`` (asynchronous algorithms; ``ssgd`` ignores it, as in the
 simulator): shard 0 keeps the floor's start and push gates
@@ -116,6 +117,7 @@ class RayRun:
         # its standby and the other shards, so a push is applied on all or on none.
         self.bounded = bounds_staleness(config.max_staleness, self.synchronous)
         self.relay = True
+        self.with_standby = config.standby  # False: --no-standby
         self.standby: Any = None  # shard 0's standby (dana.ps.recovery)
         self.coming: tuple[Any, Any, float, dict[str, Any] | None] | None = None  # starting
         self.standbys = 0  # standbys built so far (their names' numbers)
@@ -175,7 +177,7 @@ class RayRun:
         self.evals, self.checkpoints = evals, checkpoints
         self.end = points[-1]
         startup = time.time()
-        with ray_session(self.config.address, self.k + self.S + 1):
+        with ray_session(self.config.address, self.actors):
             ray = import_ray()
             try:
                 servers, workers = self._start_actors(ray)
@@ -184,6 +186,7 @@ class RayRun:
                     [
                         s.begin.remote(self.start - self.wall_before)
                         for s in [*servers, self.standby]
+                        if s is not None
                     ]
                 )
                 progress.start(self.end, self.steps)
@@ -223,6 +226,11 @@ class RayRun:
             self.wait_time,
         )
 
+    @property
+    def actors(self) -> int:
+        """The run's actors: ``k`` workers, ``S`` shards and shard 0's standby (if any)."""
+        return self.k + self.S + int(self.with_standby)
+
     def _wall(self) -> float:
         return self.wall_before + time.time() - self.start
 
@@ -233,7 +241,7 @@ class RayRun:
         self.prefix = f"dana-{uuid.uuid4().hex[:12]}"
         self.names = names = [f"{self.prefix}-shard{s}" for s in range(self.S)]
         checkpoints = sorted(self.checkpoints)
-        self.cpus = cpus = placement(ray, self.k + self.S + 1)
+        self.cpus = cpus = placement(ray, self.actors)
         # What a shard is built from: again when a lost one is rebuilt (dana.ps.recovery)
         self.server_args = [
             (
@@ -265,11 +273,11 @@ class RayRun:
                 *args,
                 **kwargs,
                 peers=names[1:] if s == 0 and self.S > 1 else None,
-                replicated=s == 0,
+                replicated=s == 0 and self.with_standby,
             )
             for s, (args, kwargs) in enumerate(self.server_args)
         ]
-        self.standby = self._new_standby(ray, None)
+        self.standby = self._new_standby(ray, None) if self.with_standby else None
         # A user's problem (dana.fit) goes to the workers once, through the object store;
         # its reference is held here for the run, so that a restarted worker finds it too
         # (Ray warns that restarts need the arguments in the object store: they are).
@@ -281,7 +289,8 @@ class RayRun:
             worker_cls.remote(config, i, names, self.d, self.spec_ref, self.algorithm)
             for i in range(self.k)
         ]
-        calls = [s.ready.remote() for s in [*servers, self.standby]]
+        spare = [self.standby] if self.standby is not None else []
+        calls = [s.ready.remote() for s in [*servers, *spare]]
         calls += [w.ready.remote() for w in workers]
         try:
             where = ray.get(calls, timeout=READY_SECONDS)
@@ -295,10 +304,11 @@ class RayRun:
             ) from None
         except ray.exceptions.RayError as e:
             raise DanaError(f"the Ray actors could not start: {e}") from None
-        names_of = [f"shard{s}" for s in range(self.S)] + ["standby"]
+        names_of = [f"shard{s}" for s in range(self.S)] + ["standby"] * len(spare)
         names_of += [f"worker{i}" for i in range(self.k)]
         self.placement = dict(zip(names_of, where))
-        ray.get(servers[0].attach_standby.remote(self.standby))
+        if self.standby is not None:
+            ray.get(servers[0].attach_standby.remote(self.standby))
         return servers, workers
 
     def _run_free(
@@ -450,6 +460,8 @@ class RayRun:
         started = time.time()
         lost, standby = self.servers[0], self.standby
         ray.kill(lost, no_restart=True)  # (a lost reply need not mean a dead actor)
+        if not self.with_standby:
+            self._unsurvivable("shard 0 was lost, and this run has no standby (--no-standby)")
         if standby is None:
             self._unsurvivable("shard 0 was lost while its standby was being rebuilt")
         try:
@@ -710,6 +722,7 @@ class RayRun:
             "workers": self.k,
             "max_staleness": self.config.max_staleness if self.bounded else None,
             "relayed": self.relay,
+            "with_standby": self.with_standby,
             "startup_seconds": startup,
             "cpus_per_actor": self.cpus,
             # where each actor started: its node's IP address and id

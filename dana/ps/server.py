@@ -56,7 +56,7 @@ Shard 0 logs the calls it relays, so that the driver can rebuild a lost shard
 Every relayed call is numbered and runs on a receiver through :meth:`relayed`, which
 skips a number it has run already.
 
-Standby (every Ray run, also with one shard): a second actor of shard 0
+Standby (every Ray run, also with one shard, unless ``--no-standby``): a second actor of shard 0
 (``standby=True``) receives every call the head passes on, with every shard's
 arguments, before anyone else and before the head answers (:meth:`replica`; the head
 waits for it); it runs shard 0's part exactly as the head did (the staleness gate
@@ -128,7 +128,8 @@ class ShardServer:
         algorithm: the run's algorithm, built once by the driver (``None``: build it
             from ``config``).
         standby: a standby of shard 0 (it follows the head until promoted).
-        replicated: shard 0 of a run with a standby: log every call, also with one shard.
+        replicated: shard 0 of a run with a standby: log every call, also with one shard
+            (False: ``--no-standby``, or a shard ``s >= 1``).
     """
 
     def __init__(
@@ -158,7 +159,7 @@ class ShardServer:
         bounded = bounds_staleness(cfg.max_staleness, self.synchronous)
         self.gate = StalenessGate(cfg.max_staleness) if bounded and shard == 0 else None
         self.role = SHARD if shard > 0 else STANDBY if standby else HEAD
-        self.relay = Relay(peers or [], self.k, logged=standby or replicated)
+        self.relay = Relay(peers or [], self.k, replicated=standby or replicated)
         self.calls = 0  # pulls, pushes and stops run (on s >= 1, a standby: relayed calls)
         self.following = False  # running a call the head decided (a standby)
         self.repeats = self.call_gaps = 0  # relayed calls skipped (run already), missed
