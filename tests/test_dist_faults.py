@@ -513,6 +513,84 @@ def test_without_a_standby_the_loss_of_shard_0_exits_4_then_resumes_exactly(
     assert rows[-1]["test_loss"] < 0.75 * rows[0]["test_loss"]
 
 
+def kill_shard_0_at_start(monkeypatch: Any, when: str) -> list[str]:
+    """Kill shard 0 for good as early in a run's start-up as the driver lets a test reach
+    it: ``"created"``, right after its actor is created (before it has started, and
+    before the workers exist); ``"started"``, once every actor has started, before the
+    clocks start and any worker calls. The kills done (their ``when``)."""
+    from dana.ps.launcher import RayRun
+
+    done: list[str] = []
+    if when == "created":  # (the standby is created right after shard 0)
+        new_standby = RayRun._new_standby
+
+        def kill_then_new(self: Any, ray_: Any, saved: Any) -> Any:
+            if not done:
+                done.append(when)
+                ray.kill(self.servers[0], no_restart=True)
+            return new_standby(self, ray_, saved)
+
+        monkeypatch.setattr(RayRun, "_new_standby", kill_then_new)
+    else:
+        start_actors = RayRun._start_actors
+
+        def start_then_kill(self: Any, ray_: Any) -> Any:
+            actors = start_actors(self, ray_)
+            done.append(when)
+            ray.kill(self.servers[0], no_restart=True)
+            return actors
+
+        monkeypatch.setattr(RayRun, "_start_actors", start_then_kill)
+    return done
+
+
+@pytest.mark.ray
+@needs_ray
+@pytest.mark.parametrize("when, servers", [("created", 2), ("started", 1)])
+def test_shard_0_lost_as_the_run_starts_its_standby_takes_over(
+    dana_ray, tmp_path, monkeypatch, when, servers
+):
+    """Shard 0 killed during the run's start-up, before the first push: its standby is
+    promoted (a new one built) and the run completes, every push applied once."""
+    done = kill_shard_0_at_start(monkeypatch, when)
+    config = tiny(algorithm="dana-slim", workers=3, servers=servers, time_scale=0.001)
+    runner = run_on_ray(config, tmp_path / "run")
+    assert done == [when]
+    assert len(runner.promotions) == 1 and runner.promotions[0]["steps"] == 0
+    dist = check_every_shard(runner, steps=3 * 32, resent=True)
+    assert dist["shards"][0]["role"] == "head"
+    print(json.dumps({k: dist[k] for k in ("promotions", "standbys_rebuilt", "placement")}))
+
+
+@pytest.mark.ray
+@needs_ray
+def test_without_a_standby_shard_0_lost_as_the_run_starts_exits_4(
+    dana_ray, tmp_path, monkeypatch, capsys
+):
+    """``--no-standby``, shard 0 killed once every actor has started: exit status 4 and a
+    message (no traceback); ``--resume`` then runs it from the start, exactly."""
+    from dana.cli import main
+
+    done = kill_shard_0_at_start(monkeypatch, "started")
+    out = tmp_path / "run"
+    options = [
+        "train", "--backend", "ray", "--no-standby", "--algorithm", "dana-slim",
+        "--workers", "2", "--dataset", "synthetic", "--model", "mlp", "--train-size", "1024",
+        "--test-size", "256", "--epochs", "2", "--batch-size", "32", "--lr", "0.05",
+        "--warmup-epochs", "0.5", "--quiet", "--out", str(out),
+    ]  # fmt: skip
+    assert main(options) == 4
+    err = capsys.readouterr().err
+    assert done == ["started"]
+    assert "shard 0 was lost while the run started, and this run has no standby" in err, err
+    assert f"dana train --resume {out}" in err and "Traceback" not in err
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(out), "--quiet"]) == 0
+    (shard,) = json.loads((out / "dist.json").read_text())["shards"]
+    assert shard["applied"] == shard["last_seq"] and shard["seq_gaps"] == 0
+    assert shard["pushes"] == json.loads((out / "summary.json").read_text())["pushes"] == 2 * 32
+
+
 @pytest.mark.ray
 @needs_ray
 def test_a_local_run_listens_on_loopback_only(dana_ray, tmp_path):

@@ -26,7 +26,9 @@ standby is rebuilt from its latest snapshot (which the driver keeps) and those c
 lost head is replaced by its standby, promoted (:mod:`dana.ps.recovery`). Losing the
 head and its standby at once raises :class:`~dana.errors.FaultError` (exit status 4:
 ``--resume``), and so does losing the head of a run without a standby
-(``--no-standby``: ``config.standby`` false; its pushes cost less).
+(``--no-standby``: ``config.standby`` false; its pushes cost less). A server lost
+while the run starts (before the first push) is handled the same way
+(:meth:`RayRun._lost_at_start`); an actor whose constructor raised is bad input.
 
 ``--max-staleness s`` (asynchronous algorithms; ``ssgd`` ignores it, as in the
 simulator): shard 0 keeps the floor's start and push gates
@@ -182,13 +184,7 @@ class RayRun:
             try:
                 servers, workers = self._start_actors(ray)
                 self.start = time.time()
-                ray.get(
-                    [
-                        s.begin.remote(self.start - self.wall_before)
-                        for s in [*servers, self.standby]
-                        if s is not None
-                    ]
-                )
+                self._begin(ray)
                 progress.start(self.end, self.steps)
                 if self.synchronous:
                     self._run_rounds(ray, servers, workers, progress)
@@ -292,24 +288,91 @@ class RayRun:
         spare = [self.standby] if self.standby is not None else []
         calls = [s.ready.remote() for s in [*servers, *spare]]
         calls += [w.ready.remote() for w in workers]
-        try:
-            where = ray.get(calls, timeout=READY_SECONDS)
-        except ray.exceptions.GetTimeoutError:
+        done, _ = ray.wait(calls, num_returns=len(calls), timeout=READY_SECONDS)
+        if len(done) < len(calls):
             raise DanaError(
                 f"the run's {len(calls)} Ray actors ({self.S} server shards, {self.k} "
                 f"workers, {cpus:.3g} CPU each) did not all start within "
                 f"{READY_SECONDS:g} s; the cluster has {ray.available_resources()} free "
                 f"of {ray.cluster_resources()}: free CPUs (other jobs may hold them) or "
                 "use fewer --workers"
-            ) from None
-        except ray.exceptions.RayError as e:
-            raise DanaError(f"the Ray actors could not start: {e}") from None
+            )
         names_of = [f"shard{s}" for s in range(self.S)] + ["standby"] * len(spare)
         names_of += [f"worker{i}" for i in range(self.k)]
-        self.placement = dict(zip(names_of, where))
+        lost: list[str] = []
+        for name, ref in zip(names_of, calls):
+            try:
+                self.placement[name] = ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                if name.startswith("worker") or e.actor_init_failed:  # (its __init__ raised)
+                    raise DanaError(f"the Ray actors could not start: {e}") from None
+                lost.append(name)  # killed, or its process or node lost, as it started
+            except ray.exceptions.RayError as e:
+                raise DanaError(f"the Ray actors could not start: {e}") from None
+        self._lost_at_start(ray, lost)
         if self.standby is not None:
-            ray.get(servers[0].attach_standby.remote(self.standby))
+            try:
+                ray.get(servers[0].attach_standby.remote(self.standby))
+            except _lost(ray):  # (the head's error, or the standby's it passed on)
+                gone = [n for n in ("shard0", "standby") if not self._alive(ray, n)]
+                self._lost_at_start(ray, gone)
         return servers, workers
+
+    def _begin(self, ray: Any) -> None:
+        """Start every server's clock (training time counts from ``self.start``); a server
+        lost meanwhile is handled as at the start (:meth:`_lost_at_start`), and the others
+        are started again (a second ``begin`` changes nothing)."""
+        while True:
+            actors = {f"shard{s}": server for s, server in enumerate(self.servers)}
+            if self.standby is not None:
+                actors["standby"] = self.standby
+            refs = {
+                name: a.begin.remote(self.start - self.wall_before) for name, a in actors.items()
+            }
+            lost = []
+            for name, ref in refs.items():
+                try:
+                    ray.get(ref)
+                except _lost(ray):
+                    lost.append(name)
+            if not lost:
+                return
+            self._lost_at_start(ray, lost)
+
+    def _alive(self, ray: Any, name: str) -> bool:
+        """Whether server ``name`` (``shardS``, ``standby``) answers."""
+        actor = self.standby if name == "standby" else self.servers[int(name[5:])]
+        try:
+            ray.get(actor.ready.remote(), timeout=READY_SECONDS)
+            return True
+        except (*_lost(ray), ray.exceptions.GetTimeoutError):
+            return False
+
+    def _lost_at_start(self, ray: Any, lost: list[str]) -> None:
+        """Servers lost while the run started (before any worker's call): a lost shard 0
+        is replaced by its standby as at any other time (:meth:`_promote`: it has run the
+        same nothing), a lost standby rebuilt; without a standby, or with another shard
+        lost, the run cannot go on (exit status 4)."""
+        for name in lost:
+            self.placement.pop(name, None)
+        others = [name for name in lost if name not in ("shard0", "standby")]
+        if others:
+            self._unsurvivable(f"parameter-server {others[0]} was lost while the run started")
+        if "shard0" in lost:
+            if not self.with_standby:
+                self._unsurvivable(
+                    "shard 0 was lost while the run started, and this run has no standby "
+                    "(--no-standby)"
+                )
+            if "standby" in lost:
+                self._unsurvivable("shard 0 and its standby were both lost while the run started")
+            where = self.placement.pop("standby", None)
+            self._promote(ray)
+            if where is not None:
+                self.placement["shard0"] = where
+        elif "standby" in lost:
+            self.placement.pop("standby", None)
+            self._replace_standby(ray)
 
     def _run_free(
         self, ray: Any, servers: list[Any], workers: list[Any], progress: Progress
@@ -475,9 +538,13 @@ class RayRun:
         self._replace_standby(ray)
 
     def _unsurvivable(self, what: str) -> None:
+        where = (
+            "continue from the last checkpoint with"
+            if self.run.checkpoint.exists()
+            else "it has no checkpoint yet: start it again from the beginning with"
+        )
         raise FaultError(
-            f"{what}: the run cannot go on; continue from the last checkpoint with "
-            f"`dana train --resume {self.run.path}`"
+            f"{what}: the run cannot go on; {where} `dana train --resume {self.run.path}`"
         ) from None
 
     def _new_standby(self, ray: Any, saved: dict[str, Any] | None) -> Any:
@@ -525,6 +592,13 @@ class RayRun:
             where = ray.get(ready)
         except ray.exceptions.RayError as e:
             self._unsurvivable(f"shard 0's standby could not be rebuilt ({e})")
+        if saved is None:  # (built from the starting arguments: start its clock too)
+            try:
+                ray.get(actor.begin.remote(self.start - self.wall_before))
+            except _lost(ray):  # (lost already: another one)
+                ray.kill(actor, no_restart=True)
+                self._replace_standby(ray)
+                return
         try:
             covered = 0 if saved is None else saved["calls"]
             sent = ray.get(self.servers[0].attach_standby.remote(actor, covered))
