@@ -31,7 +31,7 @@ from test_dist import run_on_ray, tiny
 from dana.errors import DanaError, FaultError
 from dana.ps.log import LogMerger, ShardLog
 from dana.ps.recovery import RelayLog, recovery_state
-from dana.ps.server import APPLIED, DUPLICATE, NOT_HEAD, ShardServer
+from dana.ps.server import APPLIED, DUPLICATE, NOT_HEAD, PARAMS, WAIT, ShardServer
 from dana.train.progress import Progress
 from dana.train.rundir import RunDir
 
@@ -185,6 +185,57 @@ def test_a_promoted_standby_is_its_head_and_takes_resent_pushes_once():
         counters = server.counters()
         assert counters["applied"] == counters["last_seq"] == [11, 11]
         assert counters["call_gaps"] == 0
+
+
+def test_a_promoted_standby_keeps_the_workers_waiting_for_the_staleness_bound():
+    """Bounded staleness: the workers the head's gate refused (waiting in line to start,
+    or with a held push) are the standby's too, so that once promoted it lets them go in
+    the head's order and times their waits from their first refusal."""
+
+    def pair(bound: int, workers: int) -> tuple[ShardServer, ShardServer]:
+        config = tiny(algorithm="dana-slim", workers=workers, max_staleness=bound).to_dict()
+        options = dict(d=4, batches_per_epoch=100, end=60, evals=[], checkpoints=[])
+        head = ShardServer(config, 0, np.zeros(4, np.float32), **options, replicated=True)
+        standby = ShardServer(config, 0, np.zeros(4, np.float32), **options, standby=True)
+        head.begin(0.0)
+        standby.begin(0.0)
+        head.attach_standby(Direct(standby))
+        return head, standby
+
+    g = np.ones(4, np.float32)
+
+    def exchange(server: ShardServer, w: int, seq: int) -> tuple:
+        return server.relay_exchange(w, seq, g, 1.0, None, None, [], [])
+
+    # The line to start, s = 0: worker 0 computes, 1 and 2 wait (in that order); 0 pushes
+    # and must wait behind them; then the head is lost.
+    head, standby = pair(bound=0, workers=3)
+    assert [head.relay_pull(w, True)[0] for w in (0, 1, 2)] == [PARAMS, WAIT, WAIT]
+    assert exchange(head, 0, 1)[:2] == (APPLIED, None)  # applied; its pull must wait
+    assert [w for w, _ in head.gate.idle] == [1, 2, 0]
+    assert standby.gate.idle == head.gate.idle  # (before: empty)
+    standby.promote([])
+    assert standby.relay_pull(2)[0] == WAIT  # 1 came first (before: 2 went first)
+    assert standby.relay_pull(0)[0] == WAIT
+    assert standby.relay_pull(1)[0] == PARAMS
+    counters = standby.counters()
+    assert counters["held_starts"] == head.counters()["held_starts"] == 3
+    assert counters["waits"] == 1 and counters["wait_time"] > 0  # 1's, from its refusal
+
+    # A held push, s = 1: workers 0 and 1 compute, 1 pushes and computes again; its next
+    # push is held (0 is the oldest and 2 updates behind); then the head is lost.
+    head, standby = pair(bound=1, workers=2)
+    assert [head.relay_pull(w, True)[0] for w in (0, 1)] == [PARAMS, PARAMS]
+    assert exchange(head, 1, 1)[0] == APPLIED
+    assert exchange(head, 1, 2)[0] == WAIT
+    assert list(standby.gate.held) == list(head.gate.held) == [1]
+    standby.promote([])
+    assert exchange(standby, 1, 2)[0] == WAIT  # still held: the bound holds it
+    assert exchange(standby, 0, 1)[0] == APPLIED  # the oldest is never held
+    assert exchange(standby, 1, 2)[0] == APPLIED
+    counters = standby.counters()
+    assert counters["held_pushes"] == 1 and counters["waits"] == 1
+    assert counters["applied"] == counters["last_seq"] == [1, 2]
 
 
 def test_without_a_standby_the_log_holds_the_other_shards_parts_only():
@@ -511,6 +562,25 @@ def test_without_a_standby_the_loss_of_shard_0_exits_4_then_resumes_exactly(
     rows = RunDir(out).read_metrics()
     assert [r["epoch"] for r in rows] == [0, 1, 2, 3, 4]
     assert rows[-1]["test_loss"] < 0.75 * rows[0]["test_loss"]
+
+
+@pytest.mark.ray
+@needs_ray
+def test_bounded_staleness_across_a_promotion(dana_ray, tmp_path):
+    """``--max-staleness 0`` with 3 workers (one computes at a time, two always wait):
+    shard 0 killed mid-run; the promoted standby, which knows who waits, lets them go
+    and keeps the bound; the run completes, every push applied once."""
+    config = tiny(algorithm="dana-slim", workers=3, servers=1, max_staleness=0, time_scale=0.001)
+    runner, faults = run_with_faults(config, tmp_path / "run", [(15, "shard:0")])
+    assert [what for _, what in faults.done] == ["shard:0"] and len(runner.promotions) == 1
+    dist = check_every_shard(runner, steps=3 * 32, resent=True)
+    assert int(runner.merger.log.numpy()["staleness"].max()) == 0
+    head = dist["shards"][0]
+    # Every push's worker waits behind the other two (a refused start per push): counted
+    # over the whole run, also those the lost head refused (before: only the standby's
+    # own since its promotion, at least 15 fewer).
+    assert head["held_starts"] >= 3 * 32 - 8
+    print(json.dumps({k: head[k] for k in ("waits", "wait_time", "held_starts")}))
 
 
 def kill_shard_0_at_start(monkeypatch: Any, when: str) -> list[str]:

@@ -127,6 +127,15 @@ class Relay:
             for number, method, args in calls
         ]
 
+    def waiting(self, state: dict[str, Any]) -> None:
+        """Pass the staleness gate's waiting workers on to the standby, not waited for:
+        Ray runs the head's calls on the standby in the order they were made, so it gets
+        them between the calls around them (a wait is no call to log or number: a
+        standby that misses the last ones, with its head lost, has the worker wait at
+        the back of the line when it asks again)."""
+        if self.standby is not None:
+            self.standby.waiting.remote(state)
+
     def _add(self, method: str, args: list[tuple]) -> None:
         number = self.log.append(method, args)
         self.outbox.append((number, method, args))

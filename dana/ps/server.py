@@ -245,13 +245,12 @@ class ShardServer:
             self.rejected += 1
             return STOP
         now = time.time()
-        if (
-            message is not None  # (a local step is never held: its worker stays in flight)
-            and self.gate is not None
-            and not self.following  # (a standby applies what its head applied)
-            and not self.gate.may_push(worker, self.pushes, now)
-        ):
-            return WAIT  # held: not applied, its seq not taken; the worker sends it again
+        # (a local step is never held: its worker stays in flight)
+        if message is not None and self.gate is not None:
+            if self.following:  # a standby applies what its head applied
+                self.gate.resume(worker, now)
+            elif not self._may_push(worker, now):
+                return WAIT  # held: not applied, its seq not taken; the worker sends it again
         if seq != self.last_seq[worker] + 1:
             self.seq_gaps += 1
         self.last_seq[worker] = seq
@@ -419,8 +418,19 @@ class ShardServer:
 
     def attach_standby(self, actor: Any, covered: int = 0) -> int:
         """The head: ``actor``, rebuilt from a snapshot covering the calls up to
-        ``covered``, is its standby now (sent the whole log); how many calls."""
-        return self.relay.attach(actor, covered)
+        ``covered``, is its standby now (sent the whole log, then the workers waiting for
+        the staleness bound); how many calls."""
+        sent = self.relay.attach(actor, covered)
+        if self.gate is not None:
+            self.relay.waiting(self.gate.waiting_state())
+        return sent
+
+    def waiting(self, state: dict[str, Any]) -> None:
+        """A standby: the workers its head's staleness gate holds now
+        (:meth:`~dana.train.gate.StalenessGate.waiting_state`), sent whenever one starts
+        waiting, so that once promoted it keeps their places in line."""
+        if self.gate is not None:
+            self.gate.load_waiting(state)
 
     # -- recovery of a lost shard s >= 1 (dana.ps.recovery) -----------------------------
     def trim(self, shard: int, covered: int) -> None:
@@ -536,13 +546,28 @@ class ShardServer:
         if self.gate is None:
             return True
         if self.following:  # a standby: the head admitted it
-            self.gate.admit(worker, self.pushes, join)
+            self.gate.admit(worker, self.pushes, join, time.time())
             return True
         if join:  # a new process: its earlier incarnation's records go
             self.gate.forget(worker)
         else:  # (a worker pulls while in flight only to start its step again)
             self.gate.pushed(worker)
-        return self.gate.start(worker, self.pushes, time.time())
+        queued = any(w == worker for w, _ in self.gate.idle)
+        if self.gate.start(worker, self.pushes, time.time()):
+            return True
+        if not queued:  # it starts waiting now: its standby must know (relay.waiting)
+            self.relay.waiting(self.gate.waiting_state())
+        return False
+
+    def _may_push(self, worker: int, now: float) -> bool:
+        """The push gate (bounded staleness): whether ``worker``'s push may be applied
+        now; a push held for the first time is passed on to the standby."""
+        held = worker in self.gate.held
+        if self.gate.may_push(worker, self.pushes, now):
+            return True
+        if not held:
+            self.relay.waiting(self.gate.waiting_state())
+        return False
 
     def _waits(self) -> tuple[int, float]:
         """Waits for the staleness bound and their total seconds, over the whole run."""
