@@ -585,22 +585,29 @@ def test_bounded_staleness_across_a_promotion(dana_ray, tmp_path):
 
 def kill_shard_0_at_start(monkeypatch: Any, when: str) -> list[str]:
     """Kill shard 0 for good as early in a run's start-up as the driver lets a test reach
-    it: ``"created"``, right after its actor is created (before it has started, and
-    before the workers exist); ``"started"``, once every actor has started, before the
-    clocks start and any worker calls. The kills done (their ``when``)."""
+    it: ``"created"``, right after the servers' actors are created (before they have
+    started, and before the workers exist); ``"started"``, once every actor has started,
+    before the clocks start and any worker calls. The kills done (their ``when``)."""
+    from dana.ps import launcher
     from dana.ps.launcher import RayRun
 
     done: list[str] = []
-    if when == "created":  # (the standby is created right after shard 0)
-        new_standby = RayRun._new_standby
+    if when == "created":  # (the workers' GPUs are looked up right after the servers start)
+        runs: list[Any] = []
+        start_actors, worker_gpus = RayRun._start_actors, launcher.worker_gpus
 
-        def kill_then_new(self: Any, ray_: Any, saved: Any) -> Any:
+        def start_noted(self: Any, ray_: Any) -> Any:
+            runs.append(self)
+            return start_actors(self, ray_)
+
+        def kill_then_gpus(*args: Any) -> Any:
             if not done:
                 done.append(when)
-                ray.kill(self.servers[0], no_restart=True)
-            return new_standby(self, ray_, saved)
+                ray.kill(runs[-1].servers[0], no_restart=True)
+            return worker_gpus(*args)
 
-        monkeypatch.setattr(RayRun, "_new_standby", kill_then_new)
+        monkeypatch.setattr(RayRun, "_start_actors", start_noted)
+        monkeypatch.setattr(launcher, "worker_gpus", kill_then_gpus)
     else:
         start_actors = RayRun._start_actors
 
@@ -634,14 +641,16 @@ def test_shard_0_lost_as_the_run_starts_its_standby_takes_over(
 
 @pytest.mark.ray
 @needs_ray
+@pytest.mark.parametrize("when", ["created", "started"])
 def test_without_a_standby_shard_0_lost_as_the_run_starts_exits_4(
-    dana_ray, tmp_path, monkeypatch, capsys
+    dana_ray, tmp_path, monkeypatch, capsys, when
 ):
-    """``--no-standby``, shard 0 killed once every actor has started: exit status 4 and a
-    message (no traceback); ``--resume`` then runs it from the start, exactly."""
+    """``--no-standby``, shard 0 killed as the run starts: exit status 4 at once (the
+    workers, which look for shard 0 as they start, are not waited for) and a message, no
+    traceback; ``--resume`` then runs it from the start, exactly."""
     from dana.cli import main
 
-    done = kill_shard_0_at_start(monkeypatch, "started")
+    done = kill_shard_0_at_start(monkeypatch, when)
     out = tmp_path / "run"
     options = [
         "train", "--backend", "ray", "--no-standby", "--algorithm", "dana-slim",
@@ -649,11 +658,16 @@ def test_without_a_standby_shard_0_lost_as_the_run_starts_exits_4(
         "--test-size", "256", "--epochs", "2", "--batch-size", "32", "--lr", "0.05",
         "--warmup-epochs", "0.5", "--quiet", "--out", str(out),
     ]  # fmt: skip
+    started = time.time()
     assert main(options) == 4
+    assert time.time() - started < 120  # (a worker looks for shard 0 for 300 s)
     err = capsys.readouterr().err
-    assert done == ["started"]
+    assert done == [when]
     assert "shard 0 was lost while the run started, and this run has no standby" in err, err
+    assert "it has no checkpoint yet: start it again from the beginning with" in err
     assert f"dana train --resume {out}" in err and "Traceback" not in err
+    if when == "created":
+        return  # (the resume is the same as after the other kill)
     monkeypatch.undo()
     assert main(["train", "--resume", str(out), "--quiet"]) == 0
     (shard,) = json.loads((out / "dist.json").read_text())["shards"]

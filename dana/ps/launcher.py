@@ -285,31 +285,13 @@ class RayRun:
             worker_cls.remote(config, i, names, self.d, self.spec_ref, self.algorithm)
             for i in range(self.k)
         ]
-        spare = [self.standby] if self.standby is not None else []
-        calls = [s.ready.remote() for s in [*servers, *spare]]
-        calls += [w.ready.remote() for w in workers]
-        done, _ = ray.wait(calls, num_returns=len(calls), timeout=READY_SECONDS)
-        if len(done) < len(calls):
-            raise DanaError(
-                f"the run's {len(calls)} Ray actors ({self.S} server shards, {self.k} "
-                f"workers, {cpus:.3g} CPU each) did not all start within "
-                f"{READY_SECONDS:g} s; the cluster has {ray.available_resources()} free "
-                f"of {ray.cluster_resources()}: free CPUs (other jobs may hold them) or "
-                "use fewer --workers"
-            )
-        names_of = [f"shard{s}" for s in range(self.S)] + ["standby"] * len(spare)
-        names_of += [f"worker{i}" for i in range(self.k)]
-        lost: list[str] = []
-        for name, ref in zip(names_of, calls):
-            try:
-                self.placement[name] = ray.get(ref)
-            except ray.exceptions.RayActorError as e:
-                if name.startswith("worker") or e.actor_init_failed:  # (its __init__ raised)
-                    raise DanaError(f"the Ray actors could not start: {e}") from None
-                lost.append(name)  # killed, or its process or node lost, as it started
-            except ray.exceptions.RayError as e:
-                raise DanaError(f"the Ray actors could not start: {e}") from None
-        self._lost_at_start(ray, lost)
+        ready = {f"shard{s}": server.ready.remote() for s, server in enumerate(servers)}
+        if self.standby is not None:
+            ready["standby"] = self.standby.ready.remote()
+        deadline = time.time() + READY_SECONDS
+        # The servers first: a worker looks for shard 0 (or its standby) as it starts.
+        self._lost_at_start(ray, self._ready(ray, ready, deadline))
+        self._ready(ray, {f"worker{i}": w.ready.remote() for i, w in enumerate(workers)}, deadline)
         if self.standby is not None:
             try:
                 ray.get(servers[0].attach_standby.remote(self.standby))
@@ -317,6 +299,35 @@ class RayRun:
                 gone = [n for n in ("shard0", "standby") if not self._alive(ray, n)]
                 self._lost_at_start(ray, gone)
         return servers, workers
+
+    def _ready(self, ray: Any, ready: dict[str, Any], deadline: float) -> list[str]:
+        """Wait for the actors' ``ready`` replies (by name) and note where each started;
+        the servers lost as they started (killed, their process or node lost). DanaError
+        if one's constructor raised, a worker was lost, or they are not all up by
+        ``deadline``."""
+        done, _ = ray.wait(
+            list(ready.values()), num_returns=len(ready), timeout=max(0.0, deadline - time.time())
+        )
+        if len(done) < len(ready):
+            raise DanaError(
+                f"the run's {self.actors} Ray actors ({self.S} server shards"
+                f"{' and a standby' if self.with_standby else ''}, {self.k} workers, "
+                f"{self.cpus:.3g} CPU each) did not all start within {READY_SECONDS:g} s; "
+                f"the cluster has {ray.available_resources()} free of "
+                f"{ray.cluster_resources()}: free CPUs (other jobs may hold them) or use "
+                "fewer --workers"
+            )
+        lost = []
+        for name, ref in ready.items():
+            try:
+                self.placement[name] = ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                if name.startswith("worker") or e.actor_init_failed:  # (its __init__ raised)
+                    raise DanaError(f"the Ray actors could not start: {e}") from None
+                lost.append(name)
+            except ray.exceptions.RayError as e:
+                raise DanaError(f"the Ray actors could not start: {e}") from None
+        return lost
 
     def _begin(self, ray: Any) -> None:
         """Start every server's clock (training time counts from ``self.start``); a server
@@ -357,7 +368,9 @@ class RayRun:
             self.placement.pop(name, None)
         others = [name for name in lost if name not in ("shard0", "standby")]
         if others:
-            self._unsurvivable(f"parameter-server {others[0]} was lost while the run started")
+            self._unsurvivable(
+                f"parameter-server shard {others[0][5:]} was lost while the run started"
+            )
         if "shard0" in lost:
             if not self.with_standby:
                 self._unsurvivable(
