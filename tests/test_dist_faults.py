@@ -583,11 +583,12 @@ def test_bounded_staleness_across_a_promotion(dana_ray, tmp_path):
     print(json.dumps({k: head[k] for k in ("waits", "wait_time", "held_starts")}))
 
 
-def kill_shard_0_at_start(monkeypatch: Any, when: str) -> list[str]:
+def kill_shard_0_at_start(monkeypatch: Any, when: str, shard: int = 0) -> list[str]:
     """Kill shard 0 for good as early in a run's start-up as the driver lets a test reach
     it: ``"created"``, right after the servers' actors are created (before they have
     started, and before the workers exist); ``"started"``, once every actor has started,
-    before the clocks start and any worker calls. The kills done (their ``when``)."""
+    before the clocks start and any worker calls (``shard``: kill that one instead). The
+    kills done (their ``when``)."""
     from dana.ps import launcher
     from dana.ps.launcher import RayRun
 
@@ -614,7 +615,7 @@ def kill_shard_0_at_start(monkeypatch: Any, when: str) -> list[str]:
         def start_then_kill(self: Any, ray_: Any) -> Any:
             actors = start_actors(self, ray_)
             done.append(when)
-            ray.kill(self.servers[0], no_restart=True)
+            ray.kill(self.servers[shard], no_restart=True)
             return actors
 
         monkeypatch.setattr(RayRun, "_start_actors", start_then_kill)
@@ -673,6 +674,18 @@ def test_without_a_standby_shard_0_lost_as_the_run_starts_exits_4(
     (shard,) = json.loads((out / "dist.json").read_text())["shards"]
     assert shard["applied"] == shard["last_seq"] and shard["seq_gaps"] == 0
     assert shard["pushes"] == json.loads((out / "summary.json").read_text())["pushes"] == 2 * 32
+
+
+@pytest.mark.ray
+@needs_ray
+def test_shard_1_lost_as_the_run_starts_ends_it_with_a_fault(dana_ray, tmp_path, monkeypatch):
+    """Shard 1 killed once every actor has started, before the clocks start: a
+    FaultError (exit status 4) that says so, not a traceback."""
+    done = kill_shard_0_at_start(monkeypatch, "started", shard=1)
+    config = tiny(algorithm="dana-slim", workers=2, servers=2)
+    with pytest.raises(FaultError, match="shard 1 was lost while the run started.*--resume"):
+        run_on_ray(config, tmp_path / "run")
+    assert done == ["started"]
 
 
 @pytest.mark.ray

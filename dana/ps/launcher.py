@@ -340,12 +340,17 @@ class RayRun:
             refs = {
                 name: a.begin.remote(self.start - self.wall_before) for name, a in actors.items()
             }
-            lost = []
+            lost: list[str] = []
             for name, ref in refs.items():
                 try:
                     ray.get(ref)
                 except _lost(ray):
                     lost.append(name)
+                except ray.exceptions.RayTaskError:  # (the head found a lost shard's name gone)
+                    dead = [n for n in actors if n not in lost and not self._alive(ray, n)]
+                    if not dead:
+                        raise
+                    lost += dead
             if not lost:
                 return
             self._lost_at_start(ray, lost)
