@@ -60,7 +60,8 @@ Standby (every Ray run, also with one shard, unless ``--no-standby``): a second 
 (``standby=True``) receives every call the head passes on, with every shard's
 arguments, before anyone else and before the head answers (:meth:`replica`; the head
 waits for it); it runs shard 0's part exactly as the head did (the staleness gate
-follows the head's decisions instead of making its own) and keeps the same log. It
+follows the head's decisions instead of making its own, and is told the head's waiting
+workers whenever one starts waiting: :meth:`waiting`) and keeps the same log. It
 answers workers' calls with :data:`NOT_HEAD` until the driver promotes it
 (:meth:`promote`) when the head is lost; the driver then gives it a new standby
 (:meth:`attach_standby`).
