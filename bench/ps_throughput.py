@@ -18,16 +18,27 @@ store's pages are touched for the first time during the warm-up).
   (``load_state_dict``) and returns its precomputed per-layer gradients.
 - copy: one ``np.copyto`` of ``d`` float32 in the driver, the floor for anything that
   touches every parameter.
+- standby: what shard 0's standby replica costs (docs/DISTRIBUTED.md, "Shard 0's
+  standby"): dana as a run uses it, the workers calling shard 0 only
+  (``relay_exchange``), which relays to the other shards, with and without the standby
+  (``--no-standby``), while the driver's work goes on as in a run (every 0.2 s it polls
+  the standby and the other shards, keeps their recovery snapshots, taken once a second,
+  and trims the logs to them). Measured in the order without, with, with, without, so
+  that a drift of the machine's load weighs on both alike.
 
 Sizes: d = 272,474 (ResNet-20 with projection shortcuts: 65 tensors) and d = 25,557,032
 (ResNet-50: 161 tensors); the example's model has those tensor shapes. Then dana with
 ``--servers`` 1, 2 and 4 at the large size and 8 workers, and the server's peak memory
 (private, anonymous pages: what the server process itself allocated, ``RssAnon``
 sampled at every push; and ``VmHWM``, the peak resident size, which also counts the
-object store's shared pages the process read) with dana-slim at k = 1 and k = 8.
+object store's shared pages the process read) with dana-slim at k = 1 and k = 8. The
+standby's rows are at d = 272,474 with 4 workers and ``--servers`` 1 and 2.
 
-Run: ``python bench/ps_throughput.py`` (about 5 minutes on 2 cores; ``--quick`` for a
-smoke run; ``--smoke``: a tiny model in seconds, to check the script runs). The last line is dana's throughput over the example's at d = 25,557,032 with
+Run: ``python bench/ps_throughput.py`` (about 5 minutes on 2 cores, and 2 more for the
+standby's rows; ``--quick`` for a
+smoke run; ``--smoke``: a tiny model in seconds, to check the script runs;
+``--standby``: the standby's rows only, whose last line is ``standby with/without S=1
+R1, S=2 R2``). The last line is dana's throughput over the example's at d = 25,557,032 with
 4 workers:
 
     throughput vs ray example R
@@ -42,6 +53,7 @@ import os
 import statistics
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +63,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from dana.ps.launcher import POLL_SECONDS  # noqa: E402
 from dana.ps.layout import Layout  # noqa: E402
 from dana.ps.link import ServerLink  # noqa: E402
 from dana.ps.server import ShardServer  # noqa: E402
@@ -184,8 +197,15 @@ class BenchWorker:
         self.model: LayerModel | None = None
         self.gradients: list[np.ndarray] = []
 
-    def connect(self, servers: list[Any], d: int, worker: int, seed: int) -> None:
-        self.link = ServerLink(servers, Layout(d, len(servers), seed), worker, torch.float32)
+    def connect(
+        self, servers: list[Any], d: int, worker: int, seed: int, relay: bool = False
+    ) -> None:
+        """Talk to ``servers``: each shard directly, or (``relay``) shard 0 only, which
+        relays to the others, as a run's workers do."""
+        layout = Layout(d, len(servers), seed)
+        if relay:
+            servers = [servers[0], *([None] * (len(servers) - 1))]
+        self.link = ServerLink(servers, layout, worker, torch.float32, relay=relay)
         self.worker = worker
 
     def run_dana(self, seconds: float, offsets: bool) -> int:
@@ -256,6 +276,70 @@ def dana_servers(d: int, workers: int, servers: int) -> list[Any]:
     return handles
 
 
+class RelayedServers:
+    """dana's servers as a run has them (:class:`dana.ps.launcher.RayRun`): named shards,
+    shard 0 relaying to the others and, with ``standby``, to its standby first."""
+
+    def __init__(self, d: int, workers: int, servers: int, standby: bool):
+        config = TrainConfig(
+            algorithm="dana-slim", workers=workers, servers=servers, lr=1e-3, warmup_epochs=0,
+            standby=standby,
+        ).to_dict()  # fmt: skip
+        bounds = Layout(d, servers, 0).bounds
+        initial = np.zeros(d, np.float32)
+        common = dict(d=d, batches_per_epoch=1 << 40, end=None, evals=[], checkpoints=[])
+        names = [f"bench-{uuid.uuid4().hex[:8]}-shard{s}" for s in range(servers)]
+        actor = ray.remote(MeasuredServer)
+        self.shards = [
+            actor.options(name=names[s], num_cpus=1).remote(
+                config, s, initial[lo:hi], **common,
+                peers=names[1:] if s == 0 and servers > 1 else None,
+                replicated=s == 0 and standby,
+            )
+            for s, (lo, hi) in enumerate(bounds)
+        ]  # fmt: skip
+        lo, hi = bounds[0]
+        self.standby = (
+            actor.options(num_cpus=1).remote(
+                config, 0, initial[lo:hi], **common, peers=names[1:] or None, standby=True
+            )
+            if standby
+            else None
+        )
+        self.actors = [*self.shards, *([self.standby] if standby else [])]
+        self.ready = [a.ready.remote() for a in self.actors]  # (they start meanwhile)
+
+    def start(self) -> RelayedServers:
+        """Once every actor has started: attach the standby, start the clocks."""
+        ray.get(self.ready)
+        if self.standby is not None:
+            ray.get(self.shards[0].attach_standby.remote(self.standby))
+        ray.get([a.begin.remote(time.time()) for a in self.actors])
+        return self
+
+    def tend(self, seconds: float) -> None:
+        """Wait ``seconds`` doing the driver's work of a run meanwhile: every
+        ``POLL_SECONDS`` poll the head, the standby and the other shards (their logs
+        drained), keep the recovery snapshots they carry (once a second) and trim the
+        head's and the standby's logs to them."""
+        receivers = {s: shard for s, shard in enumerate(self.shards) if s > 0}
+        if self.standby is not None:
+            receivers[0] = self.standby
+        keepers = [self.shards[0], *([self.standby] if self.standby is not None else [])]
+        deadline = time.perf_counter() + seconds
+        while (left := deadline - time.perf_counter()) > 0:
+            time.sleep(min(POLL_SECONDS, left))
+            replies = ray.get([a.poll.remote() for a in [self.shards[0], *receivers.values()]])
+            for s, reply in zip(receivers, replies[1:]):
+                if reply["recovery"] is not None:
+                    for keeper in keepers:
+                        keeper.trim.remote(s, reply["recovery"]["calls"])
+
+    def kill(self) -> None:
+        for a in self.actors:
+            ray.kill(a)
+
+
 def measure_dana(
     workers: list[Any],
     servers: list[Any],
@@ -264,15 +348,23 @@ def measure_dana(
     window: float,
     offsets: bool = False,
     copy: bool = False,
+    relayed: RelayedServers | None = None,
 ) -> dict[str, float]:
     """Pushes per second at the servers (shard 0) over ``window`` seconds after ``warm``;
     with ``copy``, also one copy of the shard timed in the server right after the window,
-    while the workers still push (the same load)."""
-    ray.get([w.connect.remote(servers, d, i, 0) for i, w in enumerate(workers)])
+    while the workers still push (the same load). ``relayed``: the servers of a run
+    instead (``servers`` is ignored), the workers calling shard 0 only, the driver's work
+    going on meanwhile."""
+    wait = time.sleep
+    if relayed is not None:
+        servers, wait = relayed.shards, relayed.tend
+    ray.get(
+        [w.connect.remote(servers, d, i, 0, relayed is not None) for i, w in enumerate(workers)]
+    )
     runs = [w.run_dana.remote(warm + window + 1.0, offsets) for w in workers]
-    time.sleep(warm)
+    wait(warm)
     t0, s0 = time.perf_counter(), ray.get(servers[0].stats.remote())
-    time.sleep(window)
+    wait(window)
     t1, s1 = time.perf_counter(), ray.get(servers[0].stats.remote())
     loaded_copy = ray.get(servers[0].copy_seconds.remote()) if copy else math.nan
     ray.get(runs)
@@ -312,6 +404,33 @@ def measure_example(workers: list[Any], server: Any, warm: float, window: float)
     return (applied - n0) / (time.perf_counter() - t0)
 
 
+def measure_standby(
+    workers: list[Any], d: int, shard_counts: tuple[int, ...], warm: float, window: float
+) -> dict[int, float]:
+    """Pushes per second without and with shard 0's standby, at ``d`` with ``workers``,
+    for each shard count; measured without, with, with, without. Per shard count, the
+    ratio of the means (with / without)."""
+    k = len(workers)
+    ratios = {}
+    for s in shard_counts:
+        setups = {on: RelayedServers(d, k, s, standby=on) for on in (False, True)}
+        for setup in setups.values():
+            setup.start()
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        for on in (False, True, True, False):
+            rates[on].append(measure_dana(workers, [], d, warm, window, relayed=setups[on])["rate"])
+        for setup in setups.values():
+            setup.kill()
+        ratios[s] = statistics.mean(rates[True]) / statistics.mean(rates[False])
+        shown = {on: " and ".join(f"{r:.1f}" for r in rates[on]) for on in rates}
+        print(
+            f"standby S={s} d={d} k={k}: without {shown[False]} pushes/s, with "
+            f"{shown[True]} pushes/s; with/without {ratios[s]:.2f}",
+            flush=True,
+        )
+    return ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short windows (a smoke run)")
@@ -322,6 +441,12 @@ def main() -> None:
         help="a smoke run: a tiny model, 1 and 2 workers, short windows; checks the script "
         "runs (its numbers mean nothing)",
     )
+    parser.add_argument(
+        "--standby",
+        action="store_true",
+        help="only the standby's rows (d = 272,474, 4 workers, 1 and 2 shards; about 2 "
+        "minutes); the last line: with/without per shard count",
+    )
     args = parser.parse_args()
     window = args.window or (0.3 if args.smoke else 2.0 if args.quick else 5.0)
     warm = 0.2 if args.smoke else 1.0 if args.quick else 2.5
@@ -330,6 +455,7 @@ def main() -> None:
     shard_counts = (1, 2) if args.smoke else (1, 2, 4)
     memory_ks = (1, 2) if args.smoke else (1, 8)
     ratio_k = 2 if args.smoke else 4
+    standby_d = SMOKE if args.smoke else SMALL
     ray.init(
         address="local",
         num_cpus=8 if args.smoke else 16,
@@ -338,6 +464,12 @@ def main() -> None:
         logging_level=logging.ERROR,
     )
     print(f"{os.cpu_count()} CPU cores; warm-up {warm} s, window {window} s per measurement")
+    if args.standby:
+        workers = [BenchWorker.remote(standby_d, seed) for seed in range(ratio_k)]
+        ratios = measure_standby(workers, standby_d, shard_counts[:2], warm, window)
+        ray.shutdown()
+        print("standby with/without " + ", ".join(f"S={s} {r:.2f}" for s, r in ratios.items()))
+        return
     ratio_line = math.nan
     results: dict[tuple[int, int], tuple[float, float]] = {}
     for d, shapes_fn in shapes_of.items():
@@ -364,6 +496,11 @@ def main() -> None:
             )
         for actor in servers + [example]:
             ray.kill(actor)
+        if d == standby_d:
+            print("")
+            # (the smoke run: two shards only, the relay's every part at the least cost)
+            standby_shards = (2,) if args.smoke else shard_counts[:2]
+            measure_standby(workers[:ratio_k], d, standby_shards, warm, window)
         if d == large:
             print("")
             for s in shard_counts:

@@ -10,7 +10,8 @@ internal error; 130 interrupted.
 """
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-EXIT_FAULT = 4  # a fault the run could not survive (shard 0 and its standby lost): --resume
+EXIT_FAULT = 4  # a fault the run could not survive (shard 0 and its standby, or shard 0
+# of a --no-standby run, lost): --resume
 
 
 class DanaError(Exception):
@@ -26,8 +27,8 @@ class ConfigError(DanaError, ValueError):
 
 
 class FaultError(Exception):
-    """A fault the run could not survive (shard 0 and its standby lost together, a lost
-    actor that cannot be placed again): not bad input. The command line prints the message (it says how to continue, usually
+    """A fault the run could not survive (shard 0 and its standby lost together, shard 0
+    of a run without a standby, a lost actor that cannot be placed again): not bad input. The command line prints the message (it says how to continue, usually
     ``dana train --resume``) and exits with status 4."""
 
 

@@ -244,6 +244,7 @@ def fit(
     backend: str = "sim",
     address: str | None = None,
     servers: int = 1,
+    standby: bool = True,
     device: str | torch.device = "cpu",
     batch_workers: int | str = 1,
     threads: int | None = None,
@@ -263,7 +264,9 @@ def fit(
     of ``dana algorithms``; ``momentum`` goes to it when it takes one, and ``hparams``
     (``lc=...``, ``nesterov=...``) too. ``backend="ray"``: ``address`` joins a running
     cluster (``"auto"``; default: a private local Ray for this call), ``servers`` splits
-    the parameters into that many shards, ``time_scale`` emulates the ``timing`` model
+    the parameters into that many shards, ``standby=False`` runs without shard 0's
+    standby replica (cheaper pushes; a lost shard 0 then ends the run: ``dana train
+    --no-standby``), ``time_scale`` emulates the ``timing`` model
     (see ``dana train --help``). ``device``: where it computes (``"cpu"``, ``"cuda"``,
     ``"auto"`` or a ``torch.device``; on Ray the workers, each with a share of the
     cluster's GPUs, while the servers stay on the CPU). ``batch_workers`` and
@@ -301,6 +304,7 @@ def fit(
         backend=backend,
         address=address,
         servers=servers,
+        standby=standby,
         time_scale=time_scale,
         device=where.type,
         batch_workers=batch_workers,

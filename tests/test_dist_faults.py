@@ -25,13 +25,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from test_dist import run_on_ray, tiny
 
 from dana.errors import DanaError, FaultError
 from dana.ps.log import LogMerger, ShardLog
 from dana.ps.recovery import RelayLog, recovery_state
-from dana.ps.server import APPLIED, DUPLICATE, NOT_HEAD, ShardServer
+from dana.ps.server import APPLIED, DUPLICATE, NOT_HEAD, PARAMS, WAIT, ShardServer
 from dana.train.progress import Progress
+from dana.train.rundir import RunDir
 
 try:
     import ray
@@ -183,6 +185,83 @@ def test_a_promoted_standby_is_its_head_and_takes_resent_pushes_once():
         counters = server.counters()
         assert counters["applied"] == counters["last_seq"] == [11, 11]
         assert counters["call_gaps"] == 0
+
+
+def test_a_promoted_standby_keeps_the_workers_waiting_for_the_staleness_bound():
+    """Bounded staleness: the workers the head's gate refused (waiting in line to start,
+    or with a held push) are the standby's too, so that once promoted it lets them go in
+    the head's order and times their waits from their first refusal."""
+
+    def pair(bound: int, workers: int) -> tuple[ShardServer, ShardServer]:
+        config = tiny(algorithm="dana-slim", workers=workers, max_staleness=bound).to_dict()
+        options = dict(d=4, batches_per_epoch=100, end=60, evals=[], checkpoints=[])
+        head = ShardServer(config, 0, np.zeros(4, np.float32), **options, replicated=True)
+        standby = ShardServer(config, 0, np.zeros(4, np.float32), **options, standby=True)
+        head.begin(0.0)
+        standby.begin(0.0)
+        head.attach_standby(Direct(standby))
+        return head, standby
+
+    g = np.ones(4, np.float32)
+
+    def exchange(server: ShardServer, w: int, seq: int) -> tuple:
+        return server.relay_exchange(w, seq, g, 1.0, None, None, [], [])
+
+    # The line to start, s = 0: worker 0 computes, 1 and 2 wait (in that order); 0 pushes
+    # and must wait behind them; then the head is lost.
+    head, standby = pair(bound=0, workers=3)
+    assert [head.relay_pull(w, True)[0] for w in (0, 1, 2)] == [PARAMS, WAIT, WAIT]
+    assert exchange(head, 0, 1)[:2] == (APPLIED, None)  # applied; its pull must wait
+    assert [w for w, _ in head.gate.idle] == [1, 2, 0]
+    assert standby.gate.idle == head.gate.idle  # (before: empty)
+    standby.promote([])
+    assert standby.relay_pull(2)[0] == WAIT  # 1 came first (before: 2 went first)
+    assert standby.relay_pull(0)[0] == WAIT
+    assert standby.relay_pull(1)[0] == PARAMS
+    counters = standby.counters()
+    assert counters["held_starts"] == head.counters()["held_starts"] == 3
+    assert counters["waits"] == 1 and counters["wait_time"] > 0  # 1's, from its refusal
+
+    # A held push, s = 1: workers 0 and 1 compute, 1 pushes and computes again; its next
+    # push is held (0 is the oldest and 2 updates behind); then the head is lost.
+    head, standby = pair(bound=1, workers=2)
+    assert [head.relay_pull(w, True)[0] for w in (0, 1)] == [PARAMS, PARAMS]
+    assert exchange(head, 1, 1)[0] == APPLIED
+    assert exchange(head, 1, 2)[0] == WAIT
+    assert list(standby.gate.held) == list(head.gate.held) == [1]
+    standby.promote([])
+    assert exchange(standby, 1, 2)[0] == WAIT  # still held: the bound holds it
+    assert exchange(standby, 0, 1)[0] == APPLIED  # the oldest is never held
+    assert exchange(standby, 1, 2)[0] == APPLIED
+    counters = standby.counters()
+    assert counters["held_pushes"] == 1 and counters["waits"] == 1
+    assert counters["applied"] == counters["last_seq"] == [1, 2]
+
+
+def test_without_a_standby_the_log_holds_the_other_shards_parts_only():
+    """``--no-standby``: the head copies no part of its own into its log, which the other
+    shards' snapshots alone trim; with one shard there is no log at all."""
+    config = tiny(algorithm="dana-slim", workers=2, servers=2, standby=False)
+    options = dict(d=8, batches_per_epoch=100, end=60, evals=[], checkpoints=[])
+    head = ShardServer(config.to_dict(), 0, np.zeros(4, np.float32), **options, peers=["s1"])
+    one = ShardServer(config.to_dict(), 1, np.zeros(4, np.float32), **options)
+    head.relay.names = []  # (no Ray: the handles are set by hand)
+    head.begin(0.0)
+    head.relay.peers = [Direct(one)]
+    head.relay_pull(0, True)
+    g = np.ones(8, np.float32)
+    for seq in (1, 2, 3):
+        assert head.relay_exchange(0, seq, g[:4], 1.0, None, None, [g[4:]], [None])[0] == APPLIED
+    log = head.relay.log
+    assert [method for _, method, _ in log.calls] == ["pull"] + ["push", "pull"] * 3
+    assert all(args[0] == () for _, method, args in log.calls if method == "push")
+    assert log.bytes == 3 * 16  # shard 1's slices only
+    head.trim(1, one.calls)  # shard 1's snapshot covers everything: nothing is kept
+    assert not log.calls and log.bytes == 0
+    assert one.counters()["applied"] == head.counters()["applied"] == [3, 0]
+    alone = tiny(algorithm="dana-slim", workers=2, servers=1, standby=False).to_dict()
+    only = ShardServer(alone, 0, np.zeros(8, np.float32), **options)
+    assert only.relay.log is None
 
 
 def test_the_log_merger_drops_what_a_rebuilt_shard_reports_again():
@@ -390,7 +469,6 @@ def test_the_only_shard_lost_twice_survived_then_with_its_standby_a_fault_resume
     FaultError), and ``--resume`` completes the run exactly."""
     from dana.ps.launcher import RayRun
     from dana.train.problem import Problem
-    from dana.train.rundir import RunDir
 
     config = tiny(
         algorithm="dana-slim", workers=3, servers=1, epochs=6.0, checkpoint_every=1.0,
@@ -418,6 +496,196 @@ def test_the_only_shard_lost_twice_survived_then_with_its_standby_a_fault_resume
     run.write_summary(runner.summary)
     assert runner.rows[: len(saved["rows"])] == saved["rows"]
     check_every_shard(runner, steps=6 * 32)
+
+
+@pytest.mark.ray
+@needs_ray
+def test_without_a_standby_a_run_completes_exactly(dana_ray, tmp_path):
+    """``standby=False`` (``--no-standby``): no standby actor; every push applied once on
+    both shards."""
+    runner = run_on_ray(
+        tiny(algorithm="dana-slim", workers=3, servers=2, standby=False), tmp_path / "run"
+    )
+    dist = check_every_shard(runner, steps=3 * 32)
+    assert dist["with_standby"] is False and dist["standby"] is None
+    assert "standby" not in dist["placement"] and len(dist["placement"]) == 3 + 2
+    assert dist["promotions"] == dist["standbys_rebuilt"] == [] and runner.standbys == 0
+    assert "standby_lost" in dist and dist["standby_lost"] == 0
+
+
+@pytest.mark.ray
+@needs_ray
+def test_without_a_standby_the_loss_of_shard_0_exits_4_then_resumes_exactly(
+    dana_ray, tmp_path, monkeypatch, capsys
+):
+    """``dana train --no-standby`` with one shard: killing it ends the run with exit
+    status 4 and the way to go on; ``--resume`` then completes the run exactly."""
+    from dana.cli import main
+    from dana.ps.launcher import RayRun
+
+    poll, killed = RayRun._poll, []
+
+    def poll_then_kill(self: Any, ray_: Any, servers: list[Any]) -> None:
+        poll(self, ray_, servers)
+        if not killed and self.steps >= 48:  # (past the first checkpoint, at 32)
+            killed.append(self.steps)
+            ray.kill(self.servers[0], no_restart=True)
+
+    monkeypatch.setattr(RayRun, "_poll", poll_then_kill)
+    out = tmp_path / "run"
+    options = [
+        "train", "--backend", "ray", "--no-standby", "--algorithm", "dana-slim",
+        "--workers", "3", "--dataset", "synthetic", "--model", "mlp", "--train-size", "1024",
+        "--test-size", "256", "--epochs", "4", "--batch-size", "32", "--lr", "0.05",
+        "--warmup-epochs", "0.5", "--checkpoint-every", "1", "--time-scale", "0.002",
+        "--quiet", "--out", str(out),
+    ]  # fmt: skip
+    assert main(options) == 4
+    err = capsys.readouterr().err
+    assert "shard 0 was lost, and this run has no standby (--no-standby)" in err, err
+    assert f"dana train --resume {out}" in err and "Traceback" not in err
+    assert killed and killed[0] < 4 * 32 - 10, killed  # mid-run
+    assert not (out / "summary.json").exists()
+    assert json.loads((out / "config.json").read_text())["standby"] is False
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert 32 <= saved["servers"][0]["steps"] <= killed[0]
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(out), "--quiet"]) == 0
+    dist = json.loads((out / "dist.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    (shard,) = dist["shards"]
+    assert dist["with_standby"] is False and dist["standby"] is None
+    assert shard["applied"] == shard["last_seq"] and shard["seq_gaps"] == 0
+    assert shard["duplicates"] == 0
+    assert shard["pushes"] == shard["updates"] == summary["pushes"] == 4 * 32
+    assert dist["log_peak_calls"] == 0  # one shard, no standby: nothing logged
+    rows = RunDir(out).read_metrics()
+    assert [r["epoch"] for r in rows] == [0, 1, 2, 3, 4]
+    assert rows[-1]["test_loss"] < 0.75 * rows[0]["test_loss"]
+
+
+@pytest.mark.ray
+@needs_ray
+def test_bounded_staleness_across_a_promotion(dana_ray, tmp_path):
+    """``--max-staleness 0`` with 3 workers (one computes at a time, two always wait):
+    shard 0 killed mid-run; the promoted standby, which knows who waits, lets them go
+    and keeps the bound; the run completes, every push applied once."""
+    config = tiny(algorithm="dana-slim", workers=3, servers=1, max_staleness=0, time_scale=0.001)
+    runner, faults = run_with_faults(config, tmp_path / "run", [(15, "shard:0")])
+    assert [what for _, what in faults.done] == ["shard:0"] and len(runner.promotions) == 1
+    dist = check_every_shard(runner, steps=3 * 32, resent=True)
+    assert int(runner.merger.log.numpy()["staleness"].max()) == 0
+    head = dist["shards"][0]
+    # Every push's worker waits behind the other two (a refused start per push): counted
+    # over the whole run, also those the lost head refused (before: only the standby's
+    # own since its promotion, at least 15 fewer).
+    assert head["held_starts"] >= 3 * 32 - 8
+    print(json.dumps({k: head[k] for k in ("waits", "wait_time", "held_starts")}))
+
+
+def kill_shard_0_at_start(monkeypatch: Any, when: str, shard: int = 0) -> list[str]:
+    """Kill shard 0 for good as early in a run's start-up as the driver lets a test reach
+    it: ``"created"``, right after the servers' actors are created (before they have
+    started, and before the workers exist); ``"started"``, once every actor has started,
+    before the clocks start and any worker calls (``shard``: kill that one instead). The
+    kills done (their ``when``)."""
+    from dana.ps import launcher
+    from dana.ps.launcher import RayRun
+
+    done: list[str] = []
+    if when == "created":  # (the workers' GPUs are looked up right after the servers start)
+        runs: list[Any] = []
+        start_actors, worker_gpus = RayRun._start_actors, launcher.worker_gpus
+
+        def start_noted(self: Any, ray_: Any) -> Any:
+            runs.append(self)
+            return start_actors(self, ray_)
+
+        def kill_then_gpus(*args: Any) -> Any:
+            if not done:
+                done.append(when)
+                ray.kill(runs[-1].servers[0], no_restart=True)
+            return worker_gpus(*args)
+
+        monkeypatch.setattr(RayRun, "_start_actors", start_noted)
+        monkeypatch.setattr(launcher, "worker_gpus", kill_then_gpus)
+    else:
+        start_actors = RayRun._start_actors
+
+        def start_then_kill(self: Any, ray_: Any) -> Any:
+            actors = start_actors(self, ray_)
+            done.append(when)
+            ray.kill(self.servers[shard], no_restart=True)
+            return actors
+
+        monkeypatch.setattr(RayRun, "_start_actors", start_then_kill)
+    return done
+
+
+@pytest.mark.ray
+@needs_ray
+@pytest.mark.parametrize("when, servers", [("created", 2), ("started", 1)])
+def test_shard_0_lost_as_the_run_starts_its_standby_takes_over(
+    dana_ray, tmp_path, monkeypatch, when, servers
+):
+    """Shard 0 killed during the run's start-up, before the first push: its standby is
+    promoted (a new one built) and the run completes, every push applied once."""
+    done = kill_shard_0_at_start(monkeypatch, when)
+    config = tiny(algorithm="dana-slim", workers=3, servers=servers, time_scale=0.001)
+    runner = run_on_ray(config, tmp_path / "run")
+    assert done == [when]
+    assert len(runner.promotions) == 1 and runner.promotions[0]["steps"] == 0
+    dist = check_every_shard(runner, steps=3 * 32, resent=True)
+    assert dist["shards"][0]["role"] == "head"
+    print(json.dumps({k: dist[k] for k in ("promotions", "standbys_rebuilt", "placement")}))
+
+
+@pytest.mark.ray
+@needs_ray
+@pytest.mark.parametrize("when", ["created", "started"])
+def test_without_a_standby_shard_0_lost_as_the_run_starts_exits_4(
+    dana_ray, tmp_path, monkeypatch, capsys, when
+):
+    """``--no-standby``, shard 0 killed as the run starts: exit status 4 at once (the
+    workers, which look for shard 0 as they start, are not waited for) and a message, no
+    traceback; ``--resume`` then runs it from the start, exactly."""
+    from dana.cli import main
+
+    done = kill_shard_0_at_start(monkeypatch, when)
+    out = tmp_path / "run"
+    options = [
+        "train", "--backend", "ray", "--no-standby", "--algorithm", "dana-slim",
+        "--workers", "2", "--dataset", "synthetic", "--model", "mlp", "--train-size", "1024",
+        "--test-size", "256", "--epochs", "2", "--batch-size", "32", "--lr", "0.05",
+        "--warmup-epochs", "0.5", "--quiet", "--out", str(out),
+    ]  # fmt: skip
+    started = time.time()
+    assert main(options) == 4
+    assert time.time() - started < 120  # (a worker looks for shard 0 for 300 s)
+    err = capsys.readouterr().err
+    assert done == [when]
+    assert "shard 0 was lost while the run started, and this run has no standby" in err, err
+    assert "it has no checkpoint yet: start it again from the beginning with" in err
+    assert f"dana train --resume {out}" in err and "Traceback" not in err
+    if when == "created":
+        return  # (the resume is the same as after the other kill)
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(out), "--quiet"]) == 0
+    (shard,) = json.loads((out / "dist.json").read_text())["shards"]
+    assert shard["applied"] == shard["last_seq"] and shard["seq_gaps"] == 0
+    assert shard["pushes"] == json.loads((out / "summary.json").read_text())["pushes"] == 2 * 32
+
+
+@pytest.mark.ray
+@needs_ray
+def test_shard_1_lost_as_the_run_starts_ends_it_with_a_fault(dana_ray, tmp_path, monkeypatch):
+    """Shard 1 killed once every actor has started, before the clocks start: a
+    FaultError (exit status 4) that says so, not a traceback."""
+    done = kill_shard_0_at_start(monkeypatch, "started", shard=1)
+    config = tiny(algorithm="dana-slim", workers=2, servers=2)
+    with pytest.raises(FaultError, match="shard 1 was lost while the run started.*--resume"):
+        run_on_ray(config, tmp_path / "run")
+    assert done == ["started"]
 
 
 @pytest.mark.ray

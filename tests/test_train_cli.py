@@ -297,7 +297,9 @@ def test_help_and_algorithm_list():
     for command in ([], ["train"], ["algorithms"]):
         result = dana(*command, "--help")
         assert result.returncode == 0 and "usage" in result.stdout
-    assert "(default: dana-slim)" in " ".join(dana("train", "--help").stdout.split())
+    shown = " ".join(dana("train", "--help").stdout.split())
+    assert "(default: dana-slim)" in shown
+    assert "--no-standby with --backend ray: no standby replica of shard 0" in shown
     listing = dana("algorithms").stdout
     from dana.algorithms import ALGORITHMS
 

@@ -25,7 +25,10 @@ shards count alike; it keeps the calls it relayed, and a lost shard ``s >= 1`` o
 standby is rebuilt from its latest snapshot (which the driver keeps) and those calls; a
 lost head is replaced by its standby, promoted (:mod:`dana.ps.recovery`). Losing the
 head and its standby at once raises :class:`~dana.errors.FaultError` (exit status 4:
-``--resume``).
+``--resume``), and so does losing the head of a run without a standby
+(``--no-standby``: ``config.standby`` false; its pushes cost less). A server lost
+while the run starts (before the first push) is handled the same way
+(:meth:`RayRun._lost_at_start`); an actor whose constructor raised is bad input.
 
 ``--max-staleness s`` (asynchronous algorithms; ``ssgd`` ignores it, as in the
 simulator): shard 0 keeps the floor's start and push gates
@@ -116,6 +119,7 @@ class RayRun:
         # its standby and the other shards, so a push is applied on all or on none.
         self.bounded = bounds_staleness(config.max_staleness, self.synchronous)
         self.relay = True
+        self.with_standby = config.standby  # False: --no-standby
         self.standby: Any = None  # shard 0's standby (dana.ps.recovery)
         self.coming: tuple[Any, Any, float, dict[str, Any] | None] | None = None  # starting
         self.standbys = 0  # standbys built so far (their names' numbers)
@@ -175,17 +179,12 @@ class RayRun:
         self.evals, self.checkpoints = evals, checkpoints
         self.end = points[-1]
         startup = time.time()
-        with ray_session(self.config.address, self.k + self.S + 1):
+        with ray_session(self.config.address, self.actors):
             ray = import_ray()
             try:
                 servers, workers = self._start_actors(ray)
                 self.start = time.time()
-                ray.get(
-                    [
-                        s.begin.remote(self.start - self.wall_before)
-                        for s in [*servers, self.standby]
-                    ]
-                )
+                self._begin(ray)
                 progress.start(self.end, self.steps)
                 if self.synchronous:
                     self._run_rounds(ray, servers, workers, progress)
@@ -223,6 +222,11 @@ class RayRun:
             self.wait_time,
         )
 
+    @property
+    def actors(self) -> int:
+        """The run's actors: ``k`` workers, ``S`` shards and shard 0's standby (if any)."""
+        return self.k + self.S + int(self.with_standby)
+
     def _wall(self) -> float:
         return self.wall_before + time.time() - self.start
 
@@ -233,7 +237,7 @@ class RayRun:
         self.prefix = f"dana-{uuid.uuid4().hex[:12]}"
         self.names = names = [f"{self.prefix}-shard{s}" for s in range(self.S)]
         checkpoints = sorted(self.checkpoints)
-        self.cpus = cpus = placement(ray, self.k + self.S + 1)
+        self.cpus = cpus = placement(ray, self.actors)
         # What a shard is built from: again when a lost one is rebuilt (dana.ps.recovery)
         self.server_args = [
             (
@@ -265,11 +269,11 @@ class RayRun:
                 *args,
                 **kwargs,
                 peers=names[1:] if s == 0 and self.S > 1 else None,
-                replicated=s == 0,
+                replicated=s == 0 and self.with_standby,
             )
             for s, (args, kwargs) in enumerate(self.server_args)
         ]
-        self.standby = self._new_standby(ray, None)
+        self.standby = self._new_standby(ray, None) if self.with_standby else None
         # A user's problem (dana.fit) goes to the workers once, through the object store;
         # its reference is held here for the run, so that a restarted worker finds it too
         # (Ray warns that restarts need the arguments in the object store: they are).
@@ -281,25 +285,112 @@ class RayRun:
             worker_cls.remote(config, i, names, self.d, self.spec_ref, self.algorithm)
             for i in range(self.k)
         ]
-        calls = [s.ready.remote() for s in [*servers, self.standby]]
-        calls += [w.ready.remote() for w in workers]
-        try:
-            where = ray.get(calls, timeout=READY_SECONDS)
-        except ray.exceptions.GetTimeoutError:
-            raise DanaError(
-                f"the run's {len(calls)} Ray actors ({self.S} server shards, {self.k} "
-                f"workers, {cpus:.3g} CPU each) did not all start within "
-                f"{READY_SECONDS:g} s; the cluster has {ray.available_resources()} free "
-                f"of {ray.cluster_resources()}: free CPUs (other jobs may hold them) or "
-                "use fewer --workers"
-            ) from None
-        except ray.exceptions.RayError as e:
-            raise DanaError(f"the Ray actors could not start: {e}") from None
-        names_of = [f"shard{s}" for s in range(self.S)] + ["standby"]
-        names_of += [f"worker{i}" for i in range(self.k)]
-        self.placement = dict(zip(names_of, where))
-        ray.get(servers[0].attach_standby.remote(self.standby))
+        ready = {f"shard{s}": server.ready.remote() for s, server in enumerate(servers)}
+        if self.standby is not None:
+            ready["standby"] = self.standby.ready.remote()
+        deadline = time.time() + READY_SECONDS
+        # The servers first: a worker looks for shard 0 (or its standby) as it starts.
+        self._lost_at_start(ray, self._ready(ray, ready, deadline))
+        self._ready(ray, {f"worker{i}": w.ready.remote() for i, w in enumerate(workers)}, deadline)
+        if self.standby is not None:
+            try:
+                ray.get(servers[0].attach_standby.remote(self.standby))
+            except _lost(ray):  # (the head's error, or the standby's it passed on)
+                gone = [n for n in ("shard0", "standby") if not self._alive(ray, n)]
+                self._lost_at_start(ray, gone)
         return servers, workers
+
+    def _ready(self, ray: Any, ready: dict[str, Any], deadline: float) -> list[str]:
+        """Wait for the actors' ``ready`` replies (by name) and note where each started;
+        the servers lost as they started (killed, their process or node lost). DanaError
+        if one's constructor raised, a worker was lost, or they are not all up by
+        ``deadline``."""
+        done, _ = ray.wait(
+            list(ready.values()), num_returns=len(ready), timeout=max(0.0, deadline - time.time())
+        )
+        if len(done) < len(ready):
+            raise DanaError(
+                f"the run's {self.actors} Ray actors ({self.S} server shards"
+                f"{' and a standby' if self.with_standby else ''}, {self.k} workers, "
+                f"{self.cpus:.3g} CPU each) did not all start within {READY_SECONDS:g} s; "
+                f"the cluster has {ray.available_resources()} free of "
+                f"{ray.cluster_resources()}: free CPUs (other jobs may hold them) or use "
+                "fewer --workers"
+            )
+        lost = []
+        for name, ref in ready.items():
+            try:
+                self.placement[name] = ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                if name.startswith("worker") or e.actor_init_failed:  # (its __init__ raised)
+                    raise DanaError(f"the Ray actors could not start: {e}") from None
+                lost.append(name)
+            except ray.exceptions.RayError as e:
+                raise DanaError(f"the Ray actors could not start: {e}") from None
+        return lost
+
+    def _begin(self, ray: Any) -> None:
+        """Start every server's clock (training time counts from ``self.start``); a server
+        lost meanwhile is handled as at the start (:meth:`_lost_at_start`), and the others
+        are started again (a second ``begin`` changes nothing)."""
+        while True:
+            actors = {f"shard{s}": server for s, server in enumerate(self.servers)}
+            if self.standby is not None:
+                actors["standby"] = self.standby
+            refs = {
+                name: a.begin.remote(self.start - self.wall_before) for name, a in actors.items()
+            }
+            lost: list[str] = []
+            for name, ref in refs.items():
+                try:
+                    ray.get(ref)
+                except _lost(ray):
+                    lost.append(name)
+                except ray.exceptions.RayTaskError:  # (the head found a lost shard's name gone)
+                    dead = [n for n in actors if n not in lost and not self._alive(ray, n)]
+                    if not dead:
+                        raise
+                    lost += dead
+            if not lost:
+                return
+            self._lost_at_start(ray, lost)
+
+    def _alive(self, ray: Any, name: str) -> bool:
+        """Whether server ``name`` (``shardS``, ``standby``) answers."""
+        actor = self.standby if name == "standby" else self.servers[int(name[5:])]
+        try:
+            ray.get(actor.ready.remote(), timeout=READY_SECONDS)
+            return True
+        except (*_lost(ray), ray.exceptions.GetTimeoutError):
+            return False
+
+    def _lost_at_start(self, ray: Any, lost: list[str]) -> None:
+        """Servers lost while the run started (before any worker's call): a lost shard 0
+        is replaced by its standby as at any other time (:meth:`_promote`: it has run the
+        same nothing), a lost standby rebuilt; without a standby, or with another shard
+        lost, the run cannot go on (exit status 4)."""
+        for name in lost:
+            self.placement.pop(name, None)
+        others = [name for name in lost if name not in ("shard0", "standby")]
+        if others:
+            self._unsurvivable(
+                f"parameter-server shard {others[0][5:]} was lost while the run started"
+            )
+        if "shard0" in lost:
+            if not self.with_standby:
+                self._unsurvivable(
+                    "shard 0 was lost while the run started, and this run has no standby "
+                    "(--no-standby)"
+                )
+            if "standby" in lost:
+                self._unsurvivable("shard 0 and its standby were both lost while the run started")
+            where = self.placement.pop("standby", None)
+            self._promote(ray)
+            if where is not None:
+                self.placement["shard0"] = where
+        elif "standby" in lost:
+            self.placement.pop("standby", None)
+            self._replace_standby(ray)
 
     def _run_free(
         self, ray: Any, servers: list[Any], workers: list[Any], progress: Progress
@@ -450,6 +541,8 @@ class RayRun:
         started = time.time()
         lost, standby = self.servers[0], self.standby
         ray.kill(lost, no_restart=True)  # (a lost reply need not mean a dead actor)
+        if not self.with_standby:
+            self._unsurvivable("shard 0 was lost, and this run has no standby (--no-standby)")
         if standby is None:
             self._unsurvivable("shard 0 was lost while its standby was being rebuilt")
         try:
@@ -463,9 +556,13 @@ class RayRun:
         self._replace_standby(ray)
 
     def _unsurvivable(self, what: str) -> None:
+        where = (
+            "continue from the last checkpoint with"
+            if self.run.checkpoint.exists()
+            else "it has no checkpoint yet: start it again from the beginning with"
+        )
         raise FaultError(
-            f"{what}: the run cannot go on; continue from the last checkpoint with "
-            f"`dana train --resume {self.run.path}`"
+            f"{what}: the run cannot go on; {where} `dana train --resume {self.run.path}`"
         ) from None
 
     def _new_standby(self, ray: Any, saved: dict[str, Any] | None) -> Any:
@@ -513,6 +610,13 @@ class RayRun:
             where = ray.get(ready)
         except ray.exceptions.RayError as e:
             self._unsurvivable(f"shard 0's standby could not be rebuilt ({e})")
+        if saved is None:  # (built from the starting arguments: start its clock too)
+            try:
+                ray.get(actor.begin.remote(self.start - self.wall_before))
+            except _lost(ray):  # (lost already: another one)
+                ray.kill(actor, no_restart=True)
+                self._replace_standby(ray)
+                return
         try:
             covered = 0 if saved is None else saved["calls"]
             sent = ray.get(self.servers[0].attach_standby.remote(actor, covered))
@@ -710,6 +814,7 @@ class RayRun:
             "workers": self.k,
             "max_staleness": self.config.max_staleness if self.bounded else None,
             "relayed": self.relay,
+            "with_standby": self.with_standby,
             "startup_seconds": startup,
             "cpus_per_actor": self.cpus,
             # where each actor started: its node's IP address and id

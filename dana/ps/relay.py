@@ -21,26 +21,37 @@ own log on (:meth:`promote`).
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
 
 from dana.ps.recovery import RelayLog
 
+#: The count a missing standby's snapshot "covers" (``--no-standby``): every call, so
+#: that the log is trimmed by the other shards' snapshots alone.
+NO_STANDBY = sys.maxsize
+
 
 class Relay:
     """The other shards of a run, by their actors' names (resolved by :meth:`connect`),
     and shard 0's standby (set by :meth:`attach`).
 
-    ``logged``: keep the log even with no other shard (a one-shard run's standby)."""
+    ``replicated``: the run has a standby of shard 0 (not with ``--no-standby``): keep
+    the log even with no other shard, with shard 0's own part of every call for the
+    standby. Without one, the log (only with other shards) holds their parts alone and
+    waits for no standby snapshot."""
 
-    def __init__(self, names: list[str], workers: int, logged: bool = False):
+    def __init__(self, names: list[str], workers: int, replicated: bool = False):
         self.names = list(names)
         self.others = len(self.names)  # the other shards: S - 1
         self.peers: list[Any] = []  # their actor handles, once connect() has run
         self.standby: Any = None
+        self.replicated = replicated
         self.rejoined = [False] * workers  # a join to pass on with the worker's next pull
-        self.log = RelayLog(len(self.names) + 1) if self.names or logged else None
+        self.log = RelayLog(len(self.names) + 1) if self.names or replicated else None
+        if self.log is not None and not replicated:
+            self.log.kept[0] = NO_STANDBY  # (no standby snapshot to wait for)
         self.outbox: list[tuple[int, str, list[tuple]]] = []  # logged, not yet sent
         self.standby_lost = 0  # times the standby did not answer
 
@@ -68,7 +79,11 @@ class Relay:
             return
         # Copies: the log keeps them after the worker's arguments are gone.
         worker_, seq_, message, loss, offset, buffers = own
-        head = (worker_, seq_, _copy(message), loss, _copy(offset), _copy_dict(buffers))
+        head = (
+            (worker_, seq_, _copy(message), loss, _copy(offset), _copy_dict(buffers))
+            if self.replicated
+            else ()  # (no standby to run shard 0's part: nothing copied)
+        )
         args = [head] + [
             (worker, seq, _copy(None if pieces is None else pieces[s]), math.nan, _copy(offsets[s]))
             for s in range(self.others)
@@ -111,6 +126,15 @@ class Relay:
             ]
             for number, method, args in calls
         ]
+
+    def waiting(self, state: dict[str, Any]) -> None:
+        """Pass the staleness gate's waiting workers on to the standby, not waited for:
+        Ray runs the head's calls on the standby in the order they were made, so it gets
+        them between the calls around them (a wait is no call to log or number: a
+        standby that misses the last ones, with its head lost, has the worker wait at
+        the back of the line when it asks again)."""
+        if self.standby is not None:
+            self.standby.waiting.remote(state)
 
     def _add(self, method: str, args: list[tuple]) -> None:
         number = self.log.append(method, args)

@@ -56,11 +56,12 @@ Shard 0 logs the calls it relays, so that the driver can rebuild a lost shard
 Every relayed call is numbered and runs on a receiver through :meth:`relayed`, which
 skips a number it has run already.
 
-Standby (every Ray run, also with one shard): a second actor of shard 0
+Standby (every Ray run, also with one shard, unless ``--no-standby``): a second actor of shard 0
 (``standby=True``) receives every call the head passes on, with every shard's
 arguments, before anyone else and before the head answers (:meth:`replica`; the head
 waits for it); it runs shard 0's part exactly as the head did (the staleness gate
-follows the head's decisions instead of making its own) and keeps the same log. It
+follows the head's decisions instead of making its own, and is told the head's waiting
+workers whenever one starts waiting: :meth:`waiting`) and keeps the same log. It
 answers workers' calls with :data:`NOT_HEAD` until the driver promotes it
 (:meth:`promote`) when the head is lost; the driver then gives it a new standby
 (:meth:`attach_standby`).
@@ -128,7 +129,8 @@ class ShardServer:
         algorithm: the run's algorithm, built once by the driver (``None``: build it
             from ``config``).
         standby: a standby of shard 0 (it follows the head until promoted).
-        replicated: shard 0 of a run with a standby: log every call, also with one shard.
+        replicated: shard 0 of a run with a standby: log every call, also with one shard
+            (False: ``--no-standby``, or a shard ``s >= 1``).
     """
 
     def __init__(
@@ -158,7 +160,7 @@ class ShardServer:
         bounded = bounds_staleness(cfg.max_staleness, self.synchronous)
         self.gate = StalenessGate(cfg.max_staleness) if bounded and shard == 0 else None
         self.role = SHARD if shard > 0 else STANDBY if standby else HEAD
-        self.relay = Relay(peers or [], self.k, logged=standby or replicated)
+        self.relay = Relay(peers or [], self.k, replicated=standby or replicated)
         self.calls = 0  # pulls, pushes and stops run (on s >= 1, a standby: relayed calls)
         self.following = False  # running a call the head decided (a standby)
         self.repeats = self.call_gaps = 0  # relayed calls skipped (run already), missed
@@ -244,13 +246,12 @@ class ShardServer:
             self.rejected += 1
             return STOP
         now = time.time()
-        if (
-            message is not None  # (a local step is never held: its worker stays in flight)
-            and self.gate is not None
-            and not self.following  # (a standby applies what its head applied)
-            and not self.gate.may_push(worker, self.pushes, now)
-        ):
-            return WAIT  # held: not applied, its seq not taken; the worker sends it again
+        # (a local step is never held: its worker stays in flight)
+        if message is not None and self.gate is not None:
+            if self.following:  # a standby applies what its head applied
+                self.gate.resume(worker, now)
+            elif not self._may_push(worker, now):
+                return WAIT  # held: not applied, its seq not taken; the worker sends it again
         if seq != self.last_seq[worker] + 1:
             self.seq_gaps += 1
         self.last_seq[worker] = seq
@@ -418,8 +419,19 @@ class ShardServer:
 
     def attach_standby(self, actor: Any, covered: int = 0) -> int:
         """The head: ``actor``, rebuilt from a snapshot covering the calls up to
-        ``covered``, is its standby now (sent the whole log); how many calls."""
-        return self.relay.attach(actor, covered)
+        ``covered``, is its standby now (sent the whole log, then the workers waiting for
+        the staleness bound); how many calls."""
+        sent = self.relay.attach(actor, covered)
+        if self.gate is not None:
+            self.relay.waiting(self.gate.waiting_state())
+        return sent
+
+    def waiting(self, state: dict[str, Any]) -> None:
+        """A standby: the workers its head's staleness gate holds now
+        (:meth:`~dana.train.gate.StalenessGate.waiting_state`), sent whenever one starts
+        waiting, so that once promoted it keeps their places in line."""
+        if self.gate is not None:
+            self.gate.load_waiting(state)
 
     # -- recovery of a lost shard s >= 1 (dana.ps.recovery) -----------------------------
     def trim(self, shard: int, covered: int) -> None:
@@ -535,13 +547,28 @@ class ShardServer:
         if self.gate is None:
             return True
         if self.following:  # a standby: the head admitted it
-            self.gate.admit(worker, self.pushes, join)
+            self.gate.admit(worker, self.pushes, join, time.time())
             return True
         if join:  # a new process: its earlier incarnation's records go
             self.gate.forget(worker)
         else:  # (a worker pulls while in flight only to start its step again)
             self.gate.pushed(worker)
-        return self.gate.start(worker, self.pushes, time.time())
+        queued = any(w == worker for w, _ in self.gate.idle)
+        if self.gate.start(worker, self.pushes, time.time()):
+            return True
+        if not queued:  # it starts waiting now: its standby must know (relay.waiting)
+            self.relay.waiting(self.gate.waiting_state())
+        return False
+
+    def _may_push(self, worker: int, now: float) -> bool:
+        """The push gate (bounded staleness): whether ``worker``'s push may be applied
+        now; a push held for the first time is passed on to the standby."""
+        held = worker in self.gate.held
+        if self.gate.may_push(worker, self.pushes, now):
+            return True
+        if not held:
+            self.relay.waiting(self.gate.waiting_state())
+        return False
 
     def _waits(self) -> tuple[int, float]:
         """Waits for the staleness bound and their total seconds, over the whole run."""

@@ -80,6 +80,7 @@ class TrainConfig:
     backend: str = "sim"
     address: str | None = None
     servers: int = 1
+    standby: bool = True
     time_scale: float = 0.0
     device: str = "cpu"
     batch_workers: int | str = 1
@@ -358,6 +359,7 @@ SCHEMA: dict[str, Rule] = {
     "backend": Rule(str, choices=BACKENDS),
     "address": Rule(str, optional=True),
     "servers": Rule(int, low=1),
+    "standby": Rule(bool),
     "time_scale": Rule(float, low=0),
     "device": Rule(str, choices=DEVICES),
     "batch_workers": Rule(int, low=1, choices=("auto",)),

@@ -26,6 +26,12 @@ rounds whose staleness is 0 and ignores the bound (:func:`bounds_staleness`).
 A worker that joins afresh (a restart after a crash) drops its earlier records
 (:meth:`~StalenessGate.forget`).
 
+A replica of a gate (the Ray runtime's standby of shard 0) follows the decisions of the
+gate it copies (:meth:`~StalenessGate.admit`, :meth:`~StalenessGate.resume`) and is
+told its waiting workers whenever one starts waiting
+(:meth:`~StalenessGate.waiting_state`, :meth:`~StalenessGate.load_waiting`), so that
+once it decides for itself it has the same line to start and the same held pushes.
+
     >>> gate = StalenessGate(bound=0)
     >>> gate.start(0, pushes=0, now=0.0), gate.start(1, pushes=0, now=0.0)  # one at a time
     (True, False)
@@ -82,15 +88,35 @@ class StalenessGate:
         self._started(worker, pushes)
         return True
 
-    def admit(self, worker: int, pushes: int, join: bool) -> None:
+    def admit(self, worker: int, pushes: int, join: bool, now: float | None = None) -> None:
         """Start ``worker`` without a decision: a replica following the decisions of the
-        gate it copies (the Ray runtime's standby of shard 0)."""
+        gate it copies (the Ray runtime's standby of shard 0); a wait in its line to
+        start ends at ``now`` (counted as the copied gate counted it)."""
+        since = next((t for w, t in self.idle if w == worker), None)
         if join:
             self.forget(worker)
         else:
             self.pushed(worker)
         self.idle = [(w, t) for w, t in self.idle if w != worker]
+        if since is not None and now is not None:
+            self._waited(now - since)
         self._started(worker, pushes)
+
+    def waiting_state(self) -> dict[str, Any]:
+        """The workers waiting (to start, in line; with a held push) and the counts of
+        refusals: what a replica needs to decide as this gate would (plain values)."""
+        return {
+            "idle": [list(entry) for entry in self.idle],
+            "held": [[w, t] for w, t in self.held.items()],
+            "held_starts": self.held_starts,
+            "held_pushes": self.held_pushes,
+        }
+
+    def load_waiting(self, state: dict[str, Any]) -> None:
+        """A replica: the copied gate's :meth:`waiting_state`."""
+        self.idle = [(int(w), float(t)) for w, t in state["idle"]]
+        self.held = {int(w): float(t) for w, t in state["held"]}
+        self.held_starts, self.held_pushes = int(state["held_starts"]), int(state["held_pushes"])
 
     def queue(self, worker: int, now: float) -> None:
         """``worker`` waits to start, from ``now`` on, behind the workers already waiting."""

@@ -153,6 +153,18 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
     ("--address", "address", str, "with --backend ray: the address of a running Ray cluster"),
     ("--servers", "servers", int, "with --backend ray: parameter-server shards"),
     (
+        "--no-standby",
+        "standby",
+        None,
+        "with --backend ray: no standby replica of shard 0. A push costs less (a standby "
+        "made it 1.4x to 1.8x slower with --servers 1, 1.2x to 1.4x with --servers 2, on 2 "
+        "shared cores: docs/DISTRIBUTED.md), but the loss of shard 0 (with --servers 1 the "
+        "only shard) "
+        "ends the run with exit status 4: continue it with --resume from the last "
+        "checkpoint (--checkpoint-every)",
+        {"action": "store_false", "default_help": "a standby that takes over from a lost shard 0"},
+    ),
+    (
         "--time-scale",
         "time_scale",
         float,
