@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import sys
@@ -139,6 +140,9 @@ def test_fit_runs_the_same_problem_on_both_backends(tmp_path):
             )
             for backend in ("sim", "ray")
         }
+        # without shard 0's standby (docs/DISTRIBUTED.md): the same run, one actor fewer
+        bare = dana.fit(_factory, train, test, backend="ray", standby=False, workers=2,
+                        lr=0.05, epochs=2, batch_size=25, out=tmp_path / "bare")  # fmt: skip
     finally:
         ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         ray.shutdown()
@@ -150,6 +154,10 @@ def test_fit_runs_the_same_problem_on_both_backends(tmp_path):
         # The model holds what was evaluated last.
         assert result.evaluate(*test)[1] == result.summary["final_test_error"]
     assert (tmp_path / "ray" / "dist.json").is_file()  # written by the Ray runtime
+    assert json.loads((tmp_path / "ray" / "dist.json").read_text())["with_standby"] is True
+    assert json.loads((tmp_path / "bare" / "dist.json").read_text())["with_standby"] is False
+    assert bare.summary["pushes"] == len(bare.log) == 2 * 500 // 25
+    assert bare.summary["final_test_error"] < 0.15
     # Both start from the same factory under the same seed.
     assert results["sim"].metrics[0]["test_loss"] == pytest.approx(
         results["ray"].metrics[0]["test_loss"], rel=1e-6
