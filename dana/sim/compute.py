@@ -183,7 +183,9 @@ class ThreadedEngine(Engine):
         for _ in range(self.size):
             self.replicas.put(Replica(source))
         self.pool = ThreadPoolExecutor(self.size, thread_name_prefix="dana-worker")
-        self._rng: Tensor | None = None  # the global RNG's state while gradients run
+        # The global RNG's state from the first gradient on: nothing may draw from it
+        # while gradients are computed, and with the pipeline some always are.
+        self._rng: Tensor | None = None
 
     def _fold(self, inputs):
         replay_running(self.source.flat.module, inputs)
@@ -206,9 +208,10 @@ class ThreadedEngine(Engine):
         result = self.pending.pop(i).result()
         if self._rng is not None and not torch.equal(self._rng, torch.random.get_rng_state()):
             raise RuntimeError(
-                "the model drew random numbers (dropout?) while gradients were computed "
-                "on several threads: their draws would not follow the sequential order; "
-                "use --threads 1"
+                "torch's global generator moved while gradients were computed on several "
+                "threads: the model drew random numbers (dropout?), or code run between "
+                "the simulator's steps did; the draws would not follow the sequential "
+                "order: use --threads 1 (or draw from a torch.Generator of your own)"
             )
         return result
 
