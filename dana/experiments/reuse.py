@@ -75,6 +75,10 @@ def copy_run(source: Path, target: RunDir) -> None:
     """Copy the finished run ``source`` to the new run directory ``target`` (whole or
     not at all)."""
     staging = target.path.with_name(f".{target.path.name}{TEMPORARY}")
+    if staging.exists() and not _ours(staging):
+        raise DanaError(
+            f"{staging} holds files dana did not write; move it away and rerun the sweep"
+        )
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     for name in RUN_FILES:
@@ -87,5 +91,10 @@ def remove_leftovers(runs: Path) -> None:
     """Remove the temporary folders of copies a kill cut short."""
     if runs.is_dir():
         for p in runs.glob(f".*{TEMPORARY}"):
-            if p.is_dir() and all(q.name in RUN_FILES for q in p.iterdir()):
+            if _ours(p):
                 shutil.rmtree(p)
+
+
+def _ours(staging: Path) -> bool:
+    """Whether ``staging`` is a folder of a copy's files only (ours to remove)."""
+    return staging.is_dir() and all(q.is_file() and q.name in RUN_FILES for q in staging.iterdir())
