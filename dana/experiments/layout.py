@@ -33,6 +33,14 @@ from dana.train.rundir import RunDir
 FINISHED, RESUMABLE, RESTART, NEW = "finished", "resumable", "restart", "new"
 
 
+def run_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings a run's ``config.json`` holds, as a sweep compares them: every
+    option (one the run predates at its default), ``dana_version`` aside."""
+    settings = {**TrainConfig().to_dict(), **config}
+    settings.pop("dana_version", None)
+    return settings
+
+
 class SweepDir:
     """Paths and small files of one sweep's results directory."""
 
@@ -71,10 +79,8 @@ class SweepDir:
         run = self.run_dir(cell)
         if not run.holds_run():
             return
-        held = {k: v for k, v in run.read_config().items() if k != "dana_version"}
-        # An option the run predates counts as held at its default.
-        defaults = TrainConfig().to_dict()
-        diff = sorted(k for k, v in options.items() if held.get(k, defaults.get(k)) != v)
+        held = run_settings(run.read_config())
+        diff = sorted(k for k, v in options.items() if held.get(k) != v)
         if diff:
             shown = ", ".join(f"{k}: {held.get(k)!r} there, {options.get(k)!r} now" for k in diff)
             raise ConfigError(

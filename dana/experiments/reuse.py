@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dana.errors import ConfigError, DanaError
-from dana.train.config import TrainConfig
+from dana.experiments.layout import run_settings
 from dana.train.rundir import RUN_FILES, RunDir
 
 #: The suffix of the temporary folder a copy is made in.
@@ -32,11 +32,9 @@ TEMPORARY = ".reuse"
 
 
 def settings_key(options: dict[str, Any]) -> str:
-    """The settings a run is compared by: every option (at its default where absent),
-    ``dana_version`` aside, as canonical JSON."""
-    settings = {**TrainConfig().to_dict(), **options}
-    settings.pop("dana_version", None)
-    return json.dumps(settings, sort_keys=True)
+    """The settings a run is compared by (:func:`~dana.experiments.layout.run_settings`),
+    as canonical JSON."""
+    return json.dumps(run_settings(options), sort_keys=True)
 
 
 class ReusableRuns:

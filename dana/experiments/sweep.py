@@ -42,6 +42,7 @@ from dana.experiments.layout import FINISHED, NEW, RESTART, RESUMABLE, SweepDir
 from dana.experiments.reuse import ReusableRuns, copy_run, remove_leftovers
 from dana.train.config import TrainConfig
 from dana.train.resources import check_threads
+from dana.train.rundir import RunDir
 
 #: ``dana train``'s exit statuses, as a sweep records them.
 OUTCOMES = {0: "finished", 3: "diverged", 2: "bad-input", 1: "error", 130: "interrupted"}
@@ -231,15 +232,8 @@ class _Runner:
     def _start(self, cell: Cell) -> None:
         state = self.sweep.state(cell)
         run = self.sweep.run_dir(cell)
-        if state == NEW and self.reusable:
-            source = self.reusable.find(cell.config().to_dict())
-            if source is not None:
-                write_text_atomic(self.sweep.cell_file(cell), _json(cell.config().to_dict()))
-                copy_run(source, run)
-                self.result.status[cell.name] = "reused"
-                self.sweep.log(f"reuse {cell.name}: a copy of {source} (the same settings)")
-                self._record()
-                return
+        if state == NEW and self._reuse(cell, run):
+            return
         if state == RESUMABLE:
             args = ["train", "--resume", str(run.path), "--quiet"]
             mode = "resume from checkpoint"
@@ -273,6 +267,22 @@ class _Runner:
         self.result.status[cell.name] = "running"
         self.sweep.log(f"{mode} {cell.name} (pid {process.pid})")
         self._record()
+
+    def _reuse(self, cell: Cell, run: RunDir) -> bool:
+        """Copy into ``run`` a finished run of ``cell``'s settings from ``--reuse``, if
+        there is one; whether it did."""
+        if not self.reusable:
+            return False
+        options = cell.config().to_dict()
+        source = self.reusable.find(options)
+        if source is None:
+            return False
+        write_text_atomic(self.sweep.cell_file(cell), _json(options))
+        copy_run(source, run)
+        self.result.status[cell.name] = "reused"
+        self.sweep.log(f"reuse {cell.name}: a copy of {source} (the same settings)")
+        self._record()
+        return True
 
     def _refuse(self, cell: Cell, left: list[Path]) -> None:
         """Fail ``cell`` without running it: its run directory holds others' files."""

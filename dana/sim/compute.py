@@ -24,8 +24,9 @@ processed, in event order: from each worker's contribution (batched,
 replaying the kernel's update on the inputs each worker's BatchNorm layers saw
 (threaded, :func:`dana.train.stacked.replay_running`: bit for bit; memory: one set of
 those inputs per pending gradient). A gradient that
-draws random numbers (augmentation) is refused: its draws would follow the order the
-gradients are computed in, not the sequential order.
+draws random numbers from a shared generator is refused: its draws would follow the
+order the gradients are computed in, not the sequential order (augmentation draws from
+a generator seeded by each batch's key, :class:`dana.train.batches.KeyedBatchStream`).
 
 The batched engine's pending gradients are part of the simulation's state
 (:meth:`Engine.state_dict`), so that a resumed run continues exactly; the threaded
@@ -34,6 +35,7 @@ engine's are computed again after a resume, bit for bit the same.
 
 from __future__ import annotations
 
+import itertools
 import queue
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -63,9 +65,9 @@ class Engine:
         if source.random:
             raise ValueError(
                 "batched or threaded gradients need a gradient that draws no random "
-                "numbers (its draws must follow the sequential order): turn off "
-                "augmentation (--no-augment), or compute one worker at a time "
-                "(--batch-workers 1 --threads 1)"
+                "numbers (its draws must follow the sequential order): draw them from a "
+                "generator seeded per batch (as dana's augmentation does), or compute one "
+                "worker at a time (--batch-workers 1 --threads 1)"
             )
         self.step, self.source, self.size = step, source, int(size)
         self.pending: dict[int, Any] = {}  # (a result, or its future: threaded)
@@ -85,11 +87,8 @@ class Engine:
         start = [] if i in self.pending else [i]
         room = self._room(not start)
         if room:
-            for j in inflight(i):
-                if len(start) >= room + (i in start):
-                    break
-                if j != i and j not in self.pending and j not in start:
-                    start.append(j)
+            others = (j for j in inflight(i) if j != i and j not in self.pending)
+            start += itertools.islice(others, room)
         if start:
             points = [self.step.rule.compute_at(j, pulled(j)) for j in start]
             self._start(start, points, [batch(j) for j in start])

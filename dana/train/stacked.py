@@ -45,8 +45,9 @@ Running = dict[str, Tensor]
 @dataclass
 class GradientSource:
     """What the batched and threaded engines need: the model (flat), the loss and the
-    data. ``random``: a gradient draws random numbers (augmentation), so its result
-    depends on the order gradients are computed in; the engines refuse it."""
+    data. ``random``: a gradient draws random numbers from a shared generator, so its
+    result depends on the order gradients are computed in; the engines refuse it
+    (dana's own augmentation does not: each batch's draws are seeded by its key)."""
 
     flat: FlatModel
     loss_fn: LossFn
