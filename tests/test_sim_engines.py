@@ -7,15 +7,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from clirun import kill_at_first_checkpoint
+from clirun import kill_at_first_checkpoint, run_dana
 
 import dana
 from dana.errors import ConfigError
@@ -382,12 +380,11 @@ def test_cuda_train_end_to_end(tmp_path):
 SMALL = ["--dataset", "synthetic", "--model", "mlp", "--train-size", "512", "--test-size", "256",
          "--batch-size", "32", "--quiet", "--algorithm", "dana-zero", "--workers", "6",
          "--epochs", "40", "--eval-every", "5", "--checkpoint-every", "5"]  # fmt: skip
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _dana(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dana.cli", *args], capture_output=True,
-                          text=True, env=ENV, timeout=300)  # fmt: skip
+    """``dana ARGS`` in a process of its own, one OpenMP thread (tests/clirun.py)."""
+    return run_dana(*args)
 
 
 def _metrics(path: Path) -> list[dict[str, str]]:
