@@ -23,6 +23,7 @@ from dana.experiments.targets import (
     SSGD_NOT_REACHED,
     choose_targets,
     reference_row,
+    scaled_reference_row,
     speedup_cells,
 )
 
@@ -157,7 +158,31 @@ def test_the_speedup_of_a_linearly_scaled_ssgd_row_is_over_plain_ssgd(tmp_path):
     assert cells[("ssgd", 4)] == (pytest.approx(1.0), "")
     table = time_table(results, 0.2)
     assert "| ssgd (lr_scaling=linear) |  | 25 (2.00×) |" in table
-    assert "| ssgd |  | 50 |" in table  # the reference itself has no bracket
+    # every other row also over the scaled one; plain ssgd only over it
+    assert scaled_reference_row(results, lin) is None
+    assert scaled_reference_row(results, results.group("dana-slim", 4)) == lin.row
+    assert "| ssgd |  | 50 (0.50× vs linear) |" in table
+    assert "| dana-slim |  | 25 (2.00×; 1.00× vs linear) |" in table
+    results.group("ssgd", 4).results[0].metrics[2]["test_error"] = 0.3  # plain: not reached
+    table = time_table(results, 0.2)
+    assert "| dana-slim |  | 25 (ssgd not reached; 1.00× vs linear) |" in table
+    assert "| ssgd (lr_scaling=linear) |  | 25 (ssgd not reached) |" in table
+    assert "| dana-slim |  | 37.5 (ssgd not reached; linear not reached) |" in time_table(
+        results, 0.15
+    )
+    markdown = build_report(tmp_path).markdown
+    assert "a second speed-up follows, over it (`vs linear`" in markdown
+
+
+def test_without_a_scaled_ssgd_row_there_is_one_speedup(tmp_path):
+    _baseline(tmp_path, first=0.6)
+    fake_run(tmp_path, "ssgd4", "ssgd", 4, 0, [0.9, 0.5, 0.2])
+    fake_run(tmp_path, "slim4", "dana-slim", 4, 0, [0.9, 0.2, 0.1])
+    results = load_results(tmp_path)
+    assert scaled_reference_row(results, results.group("dana-slim", 4)) is None
+    table = time_table(results, 0.2)
+    assert "| dana-slim |  | 25 (2.00×) |" in table and "vs linear" not in table
+    assert "vs linear" not in build_report(tmp_path).markdown
 
 
 # -- the plots ----------------------------------------------------------------------------

@@ -27,9 +27,11 @@ from dana.experiments.table import (
 from dana.experiments.targets import (
     FIRST_EVALUATION_RULE,
     REFERENCE_RULE,
+    SCALED_REFERENCE_RULE,
     TARGET_RULE,
     Target,
     choose_targets,
+    has_scaled_ssgd,
 )
 
 #: Settings listed in the report's protocol line, in this order, when shared by all runs.
@@ -96,6 +98,7 @@ def build_report(
 def _markdown(results: Results, table: str, targets: list[Target]) -> str:
     record = sweep_record(results.path)
     counts = {s: sum(1 for r in results.runs if r.status == s) for s in _STATUSES}
+    scaled = has_scaled_ssgd(results)
     lines = [f"# Report: {results.path.name}", ""]
     if record.get("spec", {}).get("description"):
         lines += [str(record["spec"]["description"]).strip(), ""]
@@ -137,7 +140,8 @@ def _markdown(results: Results, table: str, targets: list[Target]) -> str:
         "",
         "## Time to target and speed-up over SSGD",
         "",
-        f"{TARGET_RULE} {FIRST_EVALUATION_RULE} {REFERENCE_RULE}",
+        f"{TARGET_RULE} {FIRST_EVALUATION_RULE} {REFERENCE_RULE}"
+        + (f" {SCALED_REFERENCE_RULE}" if scaled else ""),
         "",
     ]
     if not targets:
@@ -150,7 +154,8 @@ def _markdown(results: Results, table: str, targets: list[Target]) -> str:
             continue
         lines += [
             "Simulated time to the target (mean over seeds), and in brackets the speed-up "
-            "over ssgd at the same k (T_ssgd / T):",
+            "over ssgd at the same k (T_ssgd / T)"
+            + (" and over ssgd with linear lr scaling (`vs linear`):" if scaled else ":"),
             "",
             time_table(results, t.value),
             "",

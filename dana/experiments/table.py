@@ -14,7 +14,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dana.experiments.results import Group, Results
-from dana.experiments.targets import group_time, reference_row, speedup_cell, speedup_cells
+from dana.experiments.targets import (
+    NO_SSGD,
+    SSGD_NOT_REACHED,
+    group_time,
+    reference_row,
+    scaled_reference_row,
+    speedup_cell,
+    speedup_cells,
+)
 
 #: The rule of the error table, as the report states it.
 ERROR_RULE = (
@@ -118,7 +126,16 @@ def gap_table(results: Results) -> str:
 def time_table(results: Results, target: float) -> str:
     """Simulated time to ``target`` error and, in brackets, the speed-up over the plain
     ``ssgd`` row at the same k (:func:`~dana.experiments.targets.reference_row`) or why
-    there is none (``no ssgd``, ``ssgd not reached``)."""
+    there is none (``no ssgd``, ``ssgd not reached``); where the sweep has ``ssgd
+    (lr_scaling=linear)``, then the speed-up over it or why there is none, ``vs
+    linear`` (:func:`~dana.experiments.targets.scaled_reference_row`)."""
+
+    def speedup_text(group: Group, label: str | None = None) -> str:
+        up, why = speedup_cell(results, group, target, label)
+        if label is None:
+            return f"{up:.2f}×" if up is not None else why
+        scaled = {SSGD_NOT_REACHED: "linear not reached", NO_SSGD: "no linear"}
+        return f"{up:.2f}× vs linear" if up is not None else scaled.get(why, why)
 
     def cell(group: Group | None, seeds: int) -> str:
         if group is None:
@@ -128,10 +145,13 @@ def time_table(results: Results, target: float) -> str:
             return "pending"
         if time is None:
             return f"not reached ({reached}/{n})"
-        if group.workers == 1 or reference_row(results, group) == group.row:
-            return f"{time:.4g}"  # the baseline, or ssgd itself
-        up, why = speedup_cell(results, group, target)
-        return f"{time:.4g} ({up:.2f}×)" if up is not None else f"{time:.4g} ({why})"
+        if group.workers == 1:
+            return f"{time:.4g}"  # the baseline
+        parts = [] if reference_row(results, group) == group.row else [speedup_text(group)]
+        scaled = scaled_reference_row(results, group)
+        if scaled is not None:
+            parts.append(speedup_text(group, scaled))
+        return f"{time:.4g} ({'; '.join(parts)})" if parts else f"{time:.4g}"
 
     return markdown_table(results, cell)
 
