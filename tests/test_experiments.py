@@ -176,8 +176,13 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
     assert (config.train_size, config.epochs, config.warmup_epochs) == (30000, 40, 5)
     assert config.lr_decay_epochs == [20, 30]
     beyond = expand(load_preset("fashion-beyond"))
-    assert {c.workers for c in beyond} == {16, 64} and {c.seed for c in beyond} == {0, 1}
-    assert len(beyond) == 2 * 2 * len({c.algorithm for c in beyond}) == 52
+    assert {c.workers for c in beyond} == {1, 16, 64} and {c.seed for c in beyond} == {0, 1}
+    assert len(beyond) == 2 * (1 + 2 * len({c.algorithm for c in beyond})) == 54
+    assert [(c.algorithm, c.seed) for c in beyond if c.workers == 1] == [
+        ("dana-slim", 0),
+        ("dana-slim", 1),
+    ]  # its own baseline: fashion-long's, with the same settings (so --reuse copies it)
+    assert beyond[0].config().to_dict() == long[0].config().to_dict()
     assert {"dana-slim", "dana-ga", "gap-aware", "dana-local", "ormo", "smega2"} <= {
         c.algorithm for c in beyond
     }
