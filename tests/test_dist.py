@@ -486,8 +486,8 @@ def test_a_killed_driver_resumes_from_its_checkpoint(tmp_path):
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     command = [sys.executable, "-m", "dana.cli", "train", "--backend", "ray"]
-    options = [
-        "--algorithm", "dana-slim", "--workers", "2", "--dataset", "synthetic",
+    options = [  # (no standby: a driver's loss is the point here; one actor less to start)
+        "--no-standby", "--algorithm", "dana-slim", "--workers", "2", "--dataset", "synthetic",
         "--model", "mlp", "--train-size", "1024", "--test-size", "256", "--epochs", "4",
         "--batch-size", "32", "--lr", "0.05", "--checkpoint-every", "1",
         "--time-scale", "0.0002", "--quiet", "--out", str(out),
