@@ -166,18 +166,23 @@ def choose_targets(results: Results, target: float | None = None) -> list[Target
     return targets
 
 
+def _ssgd_row(results: Results, group: Group, lr_scaling: str) -> str:
+    """The label of the ``ssgd`` row with ``group``'s settings, ``lr_scaling`` and the
+    algorithm's own settings (``algorithm_params``) at their defaults."""
+    config = {
+        **group.runs[0].config,
+        "algorithm": "ssgd",
+        "lr_scaling": lr_scaling,
+        "algorithm_params": TrainConfig().algorithm_params,
+    }
+    return row_label(config, results.row_keys)
+
+
 def reference_row(results: Results, group: Group) -> str:
     """The label of the ``ssgd`` row a speed-up of ``group`` is measured against: the
     group's settings with ``algorithm = ssgd`` and the algorithm's own settings
     (``lr_scaling``, ``algorithm_params``) at their defaults."""
-    defaults = TrainConfig()
-    config = {
-        **group.runs[0].config,
-        "algorithm": "ssgd",
-        "lr_scaling": defaults.lr_scaling,
-        "algorithm_params": defaults.algorithm_params,
-    }
-    return row_label(config, results.row_keys)
+    return _ssgd_row(results, group, TrainConfig().lr_scaling)
 
 
 def has_scaled_ssgd(results: Results) -> bool:
@@ -196,13 +201,7 @@ def scaled_reference_row(results: Results, group: Group) -> str | None:
     ``group`` is not it; else None."""
     if "lr_scaling" not in results.row_keys:  # (then every ssgd row is the plain one)
         return None
-    config = {
-        **group.runs[0].config,
-        "algorithm": "ssgd",
-        "lr_scaling": "linear",
-        "algorithm_params": TrainConfig().algorithm_params,
-    }
-    label = row_label(config, results.row_keys)
+    label = _ssgd_row(results, group, "linear")
     if label == group.row or not any(row == label for row, _ in results.groups):
         return None
     return label
