@@ -63,6 +63,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from dana.ps.cluster import local_system_config  # noqa: E402
 from dana.ps.launcher import POLL_SECONDS  # noqa: E402
 from dana.ps.layout import Layout  # noqa: E402
 from dana.ps.link import ServerLink  # noqa: E402
@@ -462,6 +463,7 @@ def main() -> None:
         include_dashboard=False,
         object_store_memory=3 * 1024**3,
         logging_level=logging.ERROR,
+        _system_config=local_system_config(),
     )
     print(f"{os.cpu_count()} CPU cores; warm-up {warm} s, window {window} s per measurement")
     if args.standby:

@@ -21,6 +21,7 @@ import torch
 from conftest import make_least_squares, make_simulator, max_rel_diff
 
 import dana.algorithms as A
+from dana.ps.cluster import local_system_config
 from dana.sim import Simulator
 from dana.train.batches import BatchStream
 
@@ -642,7 +643,8 @@ def test_local_sgd_trains_on_ray_with_two_shards(tmp_path):
         algorithm_params={"local_steps": 4},
     )
     # one logical CPU per actor (2 shards, 2 workers); they share the cores there are
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.ERROR)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.ERROR,
+             _system_config=local_system_config())  # fmt: skip
     try:
         runner = run_on_ray(config, tmp_path / "run")
     finally:
@@ -672,7 +674,8 @@ def test_dynamic_local_updates_on_ray_size_each_workers_phase_by_its_emulated_sp
         time_scale=0.005,
         algorithm_params={"local_steps": 4, "dynamic_steps": True},
     )
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR,
+             _system_config=local_system_config())  # fmt: skip
     try:
         runner = run_on_ray(config, tmp_path / "run")
     finally:

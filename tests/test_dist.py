@@ -27,6 +27,7 @@ import torch
 
 from dana import algorithms
 from dana.errors import ConfigError
+from dana.ps.cluster import local_system_config
 from dana.ps.layout import Layout, shard_bounds
 from dana.ps.log import LogMerger, ShardLog
 from dana.ps.server import APPLIED, DUPLICATE, PARAMS, STOP, WAIT, ShardServer
@@ -243,7 +244,8 @@ requires_ray = pytest.mark.skipif(ray is None, reason="needs Ray: pip install 'r
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level=logging.ERROR)
+    ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level=logging.ERROR,
+             _system_config=local_system_config())  # fmt: skip
     yield
     ray.shutdown()
 

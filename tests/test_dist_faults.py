@@ -310,16 +310,24 @@ class Faults(Progress):
     """Runs ``actions`` (``(steps, what)``, ``what``: ``"worker:i"``, ``"shard:s"`` (shard 0:
     the head of the moment), ``"standby:0"`` or ``"both:0"`` (the head and its standby)) once
     the run has passed ``steps``; a shard or standby is killed for good, a worker restarts. Records
-    the sockets Ray's processes listen on at the first update."""
+    the sockets Ray's processes listen on, and its actors' nice values, at the first update."""
 
     def __init__(self, runner: Any, actions: list[tuple[int, str]]):
         super().__init__(enabled=False)
         self.runner, self.actions, self.done = runner, sorted(actions), []
         self.sockets: list[tuple[str, int, int]] | None = None
+        self.actor_nice: dict[str, int] = {}
 
     def update(self, steps: int, loss: float) -> None:
         if self.sockets is None:
-            self.sockets = listening(descendants(os.getpid()))
+            processes = descendants(os.getpid())
+            self.sockets = listening(processes)
+            for pid in processes:
+                name = command(pid)
+                if name.startswith(("ray::ShardServer", "ray::Worker")):
+                    self.actor_nice[f"{name.split()[0]} {pid}"] = os.getpriority(
+                        os.PRIO_PROCESS, pid
+                    )
         while self.actions and steps >= self.actions[0][0]:
             kind, index = self.actions[0][1].split(":")
             if (
@@ -481,9 +489,12 @@ def test_shard_0_lost_twice_survived_then_with_its_standby_a_fault_resumed_exact
 @needs_ray
 def test_without_a_standby_a_run_completes_exactly_listening_on_loopback_only(dana_ray, tmp_path):
     """``standby=False`` (``--no-standby``): no standby actor; every push applied once on
-    both shards. A local run's Ray listens on loopback only, and serves no dashboard."""
+    both shards. A local run's Ray listens on loopback only, serves no dashboard, and runs
+    its actors at the driver's priority (not Ray's nice 15)."""
     config = tiny(algorithm="dana-slim", workers=3, servers=2, standby=False)
     runner, faults = run_with_faults(config, tmp_path / "run", [])
+    assert len(faults.actor_nice) == 3 + 2, faults.actor_nice
+    assert set(faults.actor_nice.values()) == {os.nice(0)}, faults.actor_nice
     assert faults.sockets, "no listening socket found"
     outward = [s for s in faults.sockets if not is_loopback(s[0])]
     assert not outward, f"Ray listens beyond loopback: {outward}"
@@ -568,6 +579,18 @@ def test_bounded_staleness_across_a_promotion(dana_ray, tmp_path):
     print(json.dumps({k: head[k] for k in ("waits", "wait_time", "held_starts")}))
 
 
+def wait_dead(actor: Any, timeout: float = 60.0) -> None:
+    """Return once a killed actor no longer answers (within ``timeout`` s)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            ray.get(actor.ready.remote(), timeout=timeout)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the killed actor still answers after {timeout:g} s")
+
+
 def kill_shard_0_at_start(monkeypatch: Any, when: str, shard: int = 0) -> list[str]:
     """Kill shard 0 for good as early in a run's start-up as the driver lets a test reach
     it: ``"created"``, right after the servers' actors are created (before they have
@@ -601,6 +624,7 @@ def kill_shard_0_at_start(monkeypatch: Any, when: str, shard: int = 0) -> list[s
             actors = start_actors(self, ray_)
             done.append(when)
             ray.kill(self.servers[shard], no_restart=True)
+            wait_dead(self.servers[shard])  # (ray.kill returns before the actor is gone)
             return actors
 
         monkeypatch.setattr(RayRun, "_start_actors", start_then_kill)

@@ -12,6 +12,7 @@ import torch
 
 import dana
 from dana.errors import ConfigError
+from dana.ps.cluster import local_system_config
 from dana.train.rundir import RunDir
 
 try:
@@ -121,7 +122,8 @@ def test_fit_rejects_bad_input():
 def test_fit_runs_the_same_problem_on_both_backends(tmp_path):
     x, y = _data()
     train, test = torch.utils.data.TensorDataset(x[:500], y[:500]), (x[500:], y[500:])
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.ERROR)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.ERROR,
+             _system_config=local_system_config())  # fmt: skip
     # The workers cannot import this test module: ship its factory by value, as a user
     # does for a module that is not on the cluster (docs/DISTRIBUTED.md).
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

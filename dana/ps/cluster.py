@@ -4,7 +4,8 @@
   (``ray.init(address="local")``, no dashboard), with as many logical CPUs as the run
   has actors (each server and worker reserves one, so that on a real cluster one
   worker takes one core), bound to the loopback interface only (:func:`_loopback`),
-  and shut it down at the end, whatever happens.
+  its actors at the driver's own priority (:func:`local_system_config`), and shut it
+  down at the end, whatever happens.
 - ``--address ADDR`` (e.g. ``auto``, or ``HEAD_IP:6379`` from ``ray start --head``):
   join that cluster; it stays up afterwards. A cluster that requires Ray's token
   authentication is detected before joining (:mod:`dana.ps.auth`).
@@ -68,7 +69,13 @@ def ray_session(address: str | None, actors: int) -> Iterator[None]:
         else:
             cpus = max(os.cpu_count() or 1, actors)
             with _loopback(ray):
-                ray.init(address="local", num_cpus=cpus, _node_ip_address=LOOPBACK, **options)
+                ray.init(
+                    address="local",
+                    num_cpus=cpus,
+                    _node_ip_address=LOOPBACK,
+                    _system_config=local_system_config(),
+                    **options,
+                )
     except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as e:
         where = f"the Ray cluster at --address {address}" if address else "a local Ray"
         raise DanaError(f"could not start or join {where}: {e}") from None
@@ -76,6 +83,20 @@ def ray_session(address: str | None, actors: int) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+def local_system_config() -> dict[str, Any]:
+    """Ray settings for a local Ray that this command starts itself.
+
+    Ray starts its worker processes, and so every actor, at nice 15 (its
+    ``worker_niceness``), so that on a cluster node they yield to Ray's own services.
+    Started by ``dana train`` the actors are the run itself: at nice 15 any other work on
+    the machine takes the cores first and the run starves (measured: minutes to start
+    beside two single-threaded jobs on two cores). Here they run at the driver's
+    priority. A ``RAY_worker_niceness`` in the environment is the user's choice and is
+    kept (Ray's system config would override it).
+    """
+    return {} if "RAY_worker_niceness" in os.environ else {"worker_niceness": 0}
 
 
 #: The address a local Ray binds to and advertises.
