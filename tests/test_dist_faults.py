@@ -579,16 +579,13 @@ def test_bounded_staleness_across_a_promotion(dana_ray, tmp_path):
     print(json.dumps({k: head[k] for k in ("waits", "wait_time", "held_starts")}))
 
 
-def wait_dead(actor: Any, timeout: float = 60.0) -> None:
-    """Return once a killed actor no longer answers (within ``timeout`` s)."""
+def wait_dead(runner: Any, name: str, timeout: float = 60.0) -> None:
+    """Return once the run's killed server ``name`` no longer answers, by the driver's own
+    test (:meth:`RayRun._alive`), within ``timeout`` s."""
     deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            ray.get(actor.ready.remote(), timeout=timeout)
-        except ray.exceptions.RayActorError:
-            return
+    while runner._alive(ray, name):
+        assert time.time() < deadline, f"the killed {name} still answers after {timeout:g} s"
         time.sleep(0.05)
-    raise AssertionError(f"the killed actor still answers after {timeout:g} s")
 
 
 def kill_shard_0_at_start(monkeypatch: Any, when: str, shard: int = 0) -> list[str]:
@@ -624,7 +621,7 @@ def kill_shard_0_at_start(monkeypatch: Any, when: str, shard: int = 0) -> list[s
             actors = start_actors(self, ray_)
             done.append(when)
             ray.kill(self.servers[shard], no_restart=True)
-            wait_dead(self.servers[shard])  # (ray.kill returns before the actor is gone)
+            wait_dead(self, f"shard{shard}")  # (ray.kill returns before the actor is gone)
             return actors
 
         monkeypatch.setattr(RayRun, "_start_actors", start_then_kill)
