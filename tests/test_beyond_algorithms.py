@@ -11,7 +11,6 @@ rules (marked ``ray``).
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import sys
 
@@ -21,7 +20,7 @@ import torch
 from conftest import make_least_squares, make_simulator, max_rel_diff
 
 import dana.algorithms as A
-from dana.ps.cluster import local_system_config
+from dana.ps.cluster import ray_session
 from dana.sim import Simulator
 from dana.train.batches import BatchStream
 
@@ -632,7 +631,7 @@ def test_local_sgd_under_a_staleness_bound_keeps_it():
 # -- one real Ray run -----------------------------------------------------------------------
 @pytest.mark.ray
 def test_local_sgd_trains_on_ray_with_two_shards(tmp_path):
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     from test_dist import check_accounting, run_on_ray, tiny
 
     config = tiny(
@@ -643,12 +642,8 @@ def test_local_sgd_trains_on_ray_with_two_shards(tmp_path):
         algorithm_params={"local_steps": 4},
     )
     # one logical CPU per actor (2 shards, 2 workers); they share the cores there are
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.ERROR,
-             _system_config=local_system_config())  # fmt: skip
-    try:
+    with ray_session(None, actors=4):
         runner = run_on_ray(config, tmp_path / "run")
-    finally:
-        ray.shutdown()
     dist = check_accounting(runner)
     first = dist["shards"][0]
     # every push carried 4 computations: 3 local steps per push, to within one cycle a worker
@@ -661,7 +656,7 @@ def test_dynamic_local_updates_on_ray_size_each_workers_phase_by_its_emulated_sp
     """Two Ray workers emulating 1 and 2 time units per step (trace timing, 5 ms a unit),
     H = 4: the slow one takes 2 local steps per push, the fast one 4, so that the slow one
     pushes about as often as the fast one."""
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     from test_dist import check_accounting, run_on_ray, tiny
 
     path = write_trace_file(tmp_path / "t.csv", [1.0, 2.0])
@@ -674,12 +669,8 @@ def test_dynamic_local_updates_on_ray_size_each_workers_phase_by_its_emulated_sp
         time_scale=0.005,
         algorithm_params={"local_steps": 4, "dynamic_steps": True},
     )
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR,
-             _system_config=local_system_config())  # fmt: skip
-    try:
+    with ray_session(None, actors=2):
         runner = run_on_ray(config, tmp_path / "run")
-    finally:
-        ray.shutdown()
     first = check_accounting(runner)["shards"][0]
     computations, pushes = first["last_seq"], first["applied"]
     for i, H_i in enumerate((4, 2)):  # to within the cycle under way at the end

@@ -10,7 +10,6 @@ or refused after the run's end, never twice, none skipped.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import signal
@@ -27,7 +26,7 @@ import torch
 
 from dana import algorithms
 from dana.errors import ConfigError
-from dana.ps.cluster import local_system_config
+from dana.ps.cluster import ray_session
 from dana.ps.layout import Layout, shard_bounds
 from dana.ps.log import LogMerger, ShardLog
 from dana.ps.server import APPLIED, DUPLICATE, PARAMS, STOP, WAIT, ShardServer
@@ -244,10 +243,8 @@ requires_ray = pytest.mark.skipif(ray is None, reason="needs Ray: pip install 'r
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level=logging.ERROR,
-             _system_config=local_system_config())  # fmt: skip
-    yield
-    ray.shutdown()
+    with ray_session(None, actors=8):
+        yield
 
 
 @pytest.fixture(scope="module")
