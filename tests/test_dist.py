@@ -9,6 +9,7 @@ or refused after the run's end, never twice, none skipped.
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import os
@@ -235,6 +236,98 @@ def test_non_elementwise_algorithms_are_not_sharded():
     tiny(algorithm="yellowfin", servers=1).validate()
     with pytest.raises(ConfigError, match="dana-easgd.*use --servers 1"):
         tiny(algorithm="dana-easgd", servers=2).validate()
+
+
+def serve_as_the_simulator(name: str, workers: int, servers: int, steps: int) -> None:
+    """Drive ``name`` through the parameter servers' path, one worker rule per worker as
+    :class:`dana.ps.worker.Worker` holds it, in the event order the simulator takes (the
+    same timing model, seed and batch stream), and assert that every shard's parameters
+    equal the simulator's after ``steps`` gradient computations."""
+    from conftest import make_least_squares
+
+    from dana.sim import Simulator
+    from dana.train.batches import BatchStream
+    from dana.train.step import WorkerStep
+    from dana.train.timing import build_timing
+
+    problem = make_least_squares(d=12, n=128)
+    config = TrainConfig(
+        algorithm=name, workers=workers, servers=servers, lr=0.01, warmup_epochs=0,
+        lr_decay_epochs=[], weight_decay=1e-3, dataset="synthetic", backend="ray",
+    ).validate()  # fmt: skip
+    sim = Simulator(
+        config.build_algorithm(),
+        torch.zeros(problem.d, dtype=torch.float64),
+        problem.gradient,
+        BatchStream(problem.n, 8, seed=3),
+        workers,
+        lr=0.01,
+        weight_decay=1e-3,
+        timing=build_timing("gamma", workers, seed=5),
+        measure_gap=False,
+    )
+    sim.run(pushes=steps)
+
+    algorithm = config.build_algorithm()
+    bounds = Layout(problem.d, servers, 0).bounds
+    shards = [
+        ShardServer(config.to_dict(), s, np.zeros(hi - lo), d=problem.d, batches_per_epoch=16,
+                    end=None, evals=[], checkpoints=[], algorithm=algorithm)
+        for s, (lo, hi) in enumerate(bounds)
+    ]  # fmt: skip
+    rules = [algorithm.worker(1, problem.d, torch.float64) for _ in range(workers)]
+    steppers = [WorkerStep(rule, problem.gradient, 1e-3) for rule in rules]
+    batches, timing = BatchStream(problem.n, 8, seed=3), build_timing("gamma", workers, seed=5)
+    seq, lr = [0] * workers, [0.0] * workers
+
+    def pull(i: int) -> tuple[torch.Tensor, Any]:
+        replies = [shard.pull(i) for shard in shards]
+        assert all(r[0] == PARAMS for r in replies), replies
+        lr[i] = replies[0][2]
+        return torch.from_numpy(np.concatenate([r[1] for r in replies])), batches.next()
+
+    def push(i: int, params: torch.Tensor, batch: Any) -> bool:
+        """Worker ``i``'s step; False for a local step (no message, no pull)."""
+        grad, loss = steppers[i].gradient(0, params, batch)
+        message = steppers[i].message(0, grad, lr[i])
+        seq[i] += 1
+        pieces = [None] * servers if message is None else [message[lo:hi] for lo, hi in bounds]
+        for shard, piece in zip(shards, pieces):
+            shard.push(i, seq[i], None if piece is None else piece.numpy(), loss)
+        return message is not None
+
+    state = {}
+    if algorithm.synchronous:  # ssgd: a round of k pushes, then every worker pulls
+        while shards[0].steps < steps:
+            state = {i: pull(i) for i in range(workers)}
+            for i in range(workers):
+                push(i, *state[i])
+    else:
+        queue: list[tuple[float, int]] = []
+        for i in range(workers):
+            state[i] = pull(i)
+            heapq.heappush(queue, (timing.sample(i), i))
+        while shards[0].steps < steps:
+            finish, i = heapq.heappop(queue)
+            params, _ = state[i]
+            state[i] = pull(i) if push(i, *state[i]) else (params, batches.next())
+            heapq.heappush(queue, (finish + timing.sample(i), i))
+
+    assert shards[0].steps == sim.steps and shards[0].updates == sim.updates
+    for shard, (lo, hi) in zip(shards, bounds):
+        assert shard.updates == sim.updates
+        torch.testing.assert_close(shard.master.theta, sim.master.theta[lo:hi], rtol=0, atol=0)
+    assert sim.master.theta.abs().sum() > 0  # it moved
+
+
+@pytest.mark.parametrize("name", sorted(algorithms.ALGORITHMS))
+def test_every_algorithm_on_the_servers_is_the_simulator(name):
+    """docs/DISTRIBUTED.md: the servers and the workers apply the registry's rules, the
+    simulator's; in the same order of events they are the same run, bit for bit, and an
+    element-wise rule is the same run on two shards."""
+    serve_as_the_simulator(name, workers=3, servers=1, steps=120)
+    if algorithms.ALGORITHMS[name].elementwise:
+        serve_as_the_simulator(name, workers=3, servers=2, steps=120)
 
 
 # -- real runs on a local Ray -------------------------------------------------------------
