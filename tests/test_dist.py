@@ -30,7 +30,7 @@ from dana.errors import ConfigError
 from dana.ps.cluster import ray_session
 from dana.ps.layout import Layout, shard_bounds
 from dana.ps.log import LogMerger, ShardLog
-from dana.ps.server import APPLIED, DUPLICATE, PARAMS, STOP, WAIT, ShardServer
+from dana.ps.server import APPLIED, DUPLICATE, LOCAL, PARAMS, STOP, WAIT, ShardServer
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
 from dana.train.progress import Progress
@@ -292,8 +292,9 @@ def serve_as_the_simulator(name: str, workers: int, servers: int, steps: int) ->
         message = steppers[i].message(0, grad, lr[i])
         seq[i] += 1
         pieces = [None] * servers if message is None else [message[lo:hi] for lo, hi in bounds]
+        expected = LOCAL if message is None else APPLIED
         for shard, piece in zip(shards, pieces):
-            shard.push(i, seq[i], None if piece is None else piece.numpy(), loss)
+            assert shard.push(i, seq[i], None if piece is None else piece.numpy(), loss) == expected
         return message is not None
 
     state = {}
