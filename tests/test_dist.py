@@ -241,11 +241,10 @@ def test_non_elementwise_algorithms_are_not_sharded():
 def serve_as_the_simulator(name: str, workers: int, servers: int, steps: int) -> None:
     """Drive ``name`` through the parameter servers' path, one worker rule per worker as
     :class:`dana.ps.worker.Worker` holds it, in the event order the simulator takes (the
-    same timing model, seed and batch stream), and assert that every shard's parameters
+    same timing model, seed and batch stream as :func:`conftest.make_simulator`'s), and assert that every shard's parameters
     equal the simulator's after ``steps`` gradient computations."""
-    from conftest import make_least_squares
+    from conftest import make_least_squares, make_simulator
 
-    from dana.sim import Simulator
     from dana.train.batches import BatchStream
     from dana.train.step import WorkerStep
     from dana.train.timing import build_timing
@@ -255,17 +254,8 @@ def serve_as_the_simulator(name: str, workers: int, servers: int, steps: int) ->
         algorithm=name, workers=workers, servers=servers, lr=0.01, warmup_epochs=0,
         lr_decay_epochs=[], weight_decay=1e-3, dataset="synthetic", backend="ray",
     ).validate()  # fmt: skip
-    sim = Simulator(
-        config.build_algorithm(),
-        torch.zeros(problem.d, dtype=torch.float64),
-        problem.gradient,
-        BatchStream(problem.n, 8, seed=3),
-        workers,
-        lr=0.01,
-        weight_decay=1e-3,
-        timing=build_timing("gamma", workers, seed=5),
-        measure_gap=False,
-    )
+    sim = make_simulator(config.build_algorithm(), workers, problem, lr=0.01, batch_size=8,
+                         seed=3, weight_decay=1e-3, measure_gap=False)  # fmt: skip
     sim.run(pushes=steps)
 
     algorithm = config.build_algorithm()
@@ -277,7 +267,7 @@ def serve_as_the_simulator(name: str, workers: int, servers: int, steps: int) ->
     ]  # fmt: skip
     rules = [algorithm.worker(1, problem.d, torch.float64) for _ in range(workers)]
     steppers = [WorkerStep(rule, problem.gradient, 1e-3) for rule in rules]
-    batches, timing = BatchStream(problem.n, 8, seed=3), build_timing("gamma", workers, seed=5)
+    batches, timing = BatchStream(problem.n, 8, seed=3), build_timing("gamma", workers, seed=3)
     seq, lr = [0] * workers, [0.0] * workers
 
     def pull(i: int) -> tuple[torch.Tensor, Any]:
