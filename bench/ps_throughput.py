@@ -505,7 +505,8 @@ def main() -> None:
             measure_standby(workers[:ratio_k], d, standby_shards, warm, window)
         if d == large:
             print("")
-            for s in shard_counts:
+            # (the smoke run: S = 1 at k = 2 is the measurement above, so two shards only)
+            for s in (2,) if args.smoke else shard_counts:
                 shards = dana_servers(d, len(workers), s)
                 ours = measure_dana(workers, shards, d, warm, window)
                 print(
