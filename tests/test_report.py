@@ -257,3 +257,23 @@ def test_the_speedup_plot_says_why_a_cell_is_missing(tmp_path):
     assert "2.00×" in texts
     plots._pyplot().close(fig)
     assert "| 12.5 (no ssgd) |" in time_table(results, 0.2)
+
+
+def test_thirteen_rows_are_told_apart_on_the_plot(tmp_path):
+    """Past the ten default colours a row repeats a colour with a new line style: no two
+    of the sweep's rows (13, as fashion-beyond has) share both."""
+    _baseline(tmp_path, first=0.6)
+    names = [f"algo{i:02d}" for i in range(13)]
+    for i, name in enumerate(names):
+        fake_run(tmp_path, f"r{i}", name, 4, 0, [0.9, 0.5, 0.3 + 0.01 * i])
+    fig = plots.error_vs_workers_figure(load_results(tmp_path))
+    ax = fig.axes[0]
+    drawn = {
+        line.get_label(): (line.get_color(), line.get_linestyle())
+        for line in ax.get_lines()
+        if line.get_label() in names
+    }
+    assert set(drawn) == set(names)
+    assert len(set(drawn.values())) == 13
+    assert drawn["algo00"][0] == drawn["algo10"][0] and drawn["algo00"][1] != drawn["algo10"][1]
+    plots._pyplot().close(fig)

@@ -45,9 +45,18 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _colors(rows: list[str]) -> dict[str, str]:
-    palette = [f"C{i}" for i in range(10)]
-    return {row: palette[i % 10] for i, row in enumerate(rows)}
+#: Line styles, one per pass through the ten colours: rows 11 to 20 are dashed, and so
+#: on, so that no two of up to 40 rows look alike.
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def _styles(rows: list[str]) -> dict[str, dict[str, str]]:
+    """Each row's ``color`` and ``ls`` (matplotlib's keywords), distinct for up to 40
+    rows: the ten default colours, then again with the next line style."""
+    return {
+        row: {"color": f"C{i % 10}", "ls": LINE_STYLES[(i // 10) % len(LINE_STYLES)]}
+        for i, row in enumerate(rows)
+    }
 
 
 def mean_curve(group: Group) -> tuple[np.ndarray, np.ndarray]:
@@ -70,7 +79,7 @@ def plot_error_curves(results: Results, path: Path) -> Path:
     fig, axes = plt.subplots(
         nrows, cols, figsize=(5 * cols, 3.8 * nrows), squeeze=False, sharey=True
     )
-    colors = _colors(results.rows)
+    styles = _styles(results.rows)
     base = results.baseline()
     for ax, k in zip(axes.flat, ks):
         if base is not None:
@@ -80,7 +89,7 @@ def plot_error_curves(results: Results, path: Path) -> Path:
             if group is None or group is base:
                 continue
             epochs, errors = mean_curve(group)
-            ax.plot(epochs, errors, color=colors[row], marker=".", label=row)
+            ax.plot(epochs, errors, **styles[row], marker=".", label=row)
         ax.set(title=f"k = {k}", xlabel="epoch", ylabel="test error (%)")
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(ks) :]:
@@ -150,7 +159,7 @@ def robust_top(series: dict[str, list[Point]], factor: float, positive: bool = F
 def _draw_against_workers(ax, results: Results, series, top: float, log: bool) -> None:
     """Lines of the ordinary points; diverged and off-scale points as markers of their
     own, those without a value or above ``top`` drawn at the top edge."""
-    colors = _colors(results.rows)
+    styles = _styles(results.rows)
     values = [
         p.value
         for ps in series.values()
@@ -170,7 +179,7 @@ def _draw_against_workers(ax, results: Results, series, top: float, log: bool) -
         x = _jitter([p.workers for p in plain], i, len(series))
         label = row
         if plain:
-            ax.plot(x, [p.value for p in plain], marker="o", color=colors[row], label=label)
+            ax.plot(x, [p.value for p in plain], marker="o", **styles[row], label=label)
             label = None
         for p in points:
             if p in plain or (log and math.isfinite(p.value) and p.value <= 0):
@@ -180,7 +189,7 @@ def _draw_against_workers(ax, results: Results, series, top: float, log: bool) -
             marked["diverged" if p.diverged else "off scale"] = True
             (xj,) = _jitter([p.workers], i, len(series))
             y = edge if off else p.value
-            ax.plot([xj], [y], marker, color=colors[row], ms=9, mew=2, label=label)
+            ax.plot([xj], [y], marker, color=styles[row]["color"], ms=9, mew=2, label=label)
             label = None
     if log:
         ax.set_yscale("log")
@@ -233,8 +242,8 @@ def error_vs_workers_figure(results: Results):
         ax.axhline(100 * base.errors().mean(), color="k", ls="--", lw=1, label="baseline k=1")
     ax.set(ylabel="final test error (%)", title="final test error (mean over seeds)")
     _workers_axis(ax, results)
-    _legend_outside(ax)
     fig.tight_layout()
+    _legend_outside(ax)
     return fig
 
 
@@ -251,8 +260,8 @@ def gap_vs_workers_figure(results: Results):
     _draw_against_workers(ax, results, series, top if math.isfinite(top) else math.inf, log=True)
     ax.set(ylabel="mean gap RMS(theta - p_i)", title="mean gap (ssgd: 0, not shown)")
     _workers_axis(ax, results)
-    _legend_outside(ax)
     fig.tight_layout()
+    _legend_outside(ax)
     return fig
 
 
@@ -275,7 +284,7 @@ def speedups_figure(results: Results, targets: list[Target]):
         squeeze=False,
         gridspec_kw={"height_ratios": [4.2, height]},
     )
-    colors = _colors(results.rows)
+    styles = _styles(results.rows)
     for column, target in enumerate(targets):
         ax, grid = axes[0, column], axes[1, column]
         title = f"speed-up over ssgd to {100 * target.value:.2f}% test error"
@@ -298,7 +307,7 @@ def speedups_figure(results: Results, targets: list[Target]):
         for row in rows:
             points = sorted((k, up) for (r, k), (up, _) in cells.items() if r == row and up)
             if points:
-                ax.plot(*zip(*points), marker="o", color=colors[row], label=row)
+                ax.plot(*zip(*points), marker="o", **styles[row], label=row)
         ax.axhline(1.0, color="k", lw=0.8)
         if not ax.get_lines()[:-1]:
             ax.text(
@@ -308,7 +317,7 @@ def speedups_figure(results: Results, targets: list[Target]):
                 ha="center",
                 transform=ax.transAxes,
             )
-        _speedup_grid(grid, rows, ks, cells, colors)
+        _speedup_grid(grid, rows, ks, cells, {r: st["color"] for r, st in styles.items()})
     handles, labels = _legend_entries(axes[0:1])
     if handles:
         fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8)
