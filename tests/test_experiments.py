@@ -167,7 +167,9 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
         allowed = {"algorithm", "workers", "seed", "lr_scaling", "algorithm_params"}
         assert varying <= allowed, (name, varying)
         assert all(c["lr_scaling"] == "none" or c["algorithm"] == "ssgd" for c in configs)
-        assert all(c["algorithm_params"] in ({}, {"dynamic_steps": True}) for c in configs)
+        # (fashion-dylu-h5, its control: H = 5 for every rule alike)
+        own = ({}, {"dynamic_steps": True}, {"local_steps": 5})
+        assert all(c["algorithm_params"] in own for c in configs)
     long = expand(load_preset("fashion-long"))
     assert {c.workers for c in long} == {1, 8, 16, 32, 64} and {c.seed for c in long} == {0, 1}
     assert len(long) == 2 * (1 + 4 * 10)
@@ -189,6 +191,13 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
     dylu = expand(load_preset("fashion-dylu"))
     assert len(dylu) == 24 and {c.config().timing for c in dylu} == {"heterogeneous"}
     assert sum(c.config().algorithm_params == {"dynamic_steps": True} for c in dylu) == 12
+    control = expand(load_preset("fashion-dylu-h5"))
+    assert [(c.algorithm, c.workers, c.seed) for c in control] == [
+        (c.algorithm, c.workers, c.seed) for c in dylu[:3]
+    ]
+    for c in control:  # fashion-dylu's plain cells at k = 16, seed 0, but for H
+        twin = next(d for d in dylu if d.name == c.name).config().to_dict()
+        assert c.config().to_dict() == {**twin, "algorithm_params": {"local_steps": 5}}
     fixed = {k: v for k, v in load_preset("fashion-long").fixed.items() if k != "description"}
     assert {k: load_preset("fashion-beyond").fixed.get(k) for k in fixed} == fixed
     full = expand(load_preset("fashion-full"))
