@@ -241,8 +241,9 @@ def test_non_elementwise_algorithms_are_not_sharded():
 def serve_as_the_simulator(name: str, workers: int, servers: int, steps: int) -> None:
     """Drive ``name`` through the parameter servers' path, one worker rule per worker as
     :class:`dana.ps.worker.Worker` holds it, in the event order the simulator takes (the
-    same timing model, seed and batch stream as :func:`conftest.make_simulator`'s), and assert that every shard's parameters
-    equal the simulator's after ``steps`` gradient computations."""
+    same timing model, seed and batch stream as :func:`conftest.make_simulator`'s), and
+    assert that every shard's parameters equal the simulator's after ``steps`` gradient
+    computations."""
     from conftest import make_least_squares, make_simulator
 
     from dana.train.batches import BatchStream

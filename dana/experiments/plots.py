@@ -317,7 +317,7 @@ def speedups_figure(results: Results, targets: list[Target]):
                 ha="center",
                 transform=ax.transAxes,
             )
-        _speedup_grid(grid, rows, ks, cells, {r: st["color"] for r, st in styles.items()})
+        _speedup_grid(grid, rows, ks, cells, styles)
     handles, labels = _legend_entries(axes[0:1])
     if handles:
         fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8)
@@ -325,7 +325,7 @@ def speedups_figure(results: Results, targets: list[Target]):
     return fig
 
 
-def _speedup_grid(ax, rows: list[str], ks: list[int], cells, colors) -> None:
+def _speedup_grid(ax, rows: list[str], ks: list[int], cells, styles) -> None:
     """Text grid: one line per row, one column per k, the speed-up or why there is none."""
     n = len(rows)
     ax.axis("on")
@@ -336,7 +336,7 @@ def _speedup_grid(ax, rows: list[str], ks: list[int], cells, colors) -> None:
     ax.set_xticks([], minor=True)
     ax.set_yticks(range(n), rows, fontsize=7)
     for tick, row in zip(ax.get_yticklabels(), rows):
-        tick.set_color(colors[row])
+        tick.set_color(styles[row]["color"])
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.tick_params(length=0)
