@@ -165,6 +165,10 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
         varying = {k for c in configs for k, v in c.items() if v != configs[0][k]}
         # (and fashion-dylu's second row: the same rules with Dynamic Local Updates on)
         allowed = {"algorithm", "workers", "seed", "lr_scaling", "algorithm_params"}
+        if name == "fashion-k64-budget":  # the budget curve: the same shape, shorter
+            allowed |= {"epochs", "lr_decay_epochs"}
+            for c in configs:
+                assert c["lr_decay_epochs"] == [c["epochs"] / 2, c["epochs"] * 3 / 4]
         assert varying <= allowed, (name, varying)
         assert all(c["lr_scaling"] == "none" or c["algorithm"] == "ssgd" for c in configs)
         # (fashion-dylu-h5, its control: H = 5 for every rule alike)
@@ -200,6 +204,17 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
         assert c.config().to_dict() == {**twin, "algorithm_params": {"local_steps": 5}}
     fixed = {k: v for k, v in load_preset("fashion-long").fixed.items() if k != "description"}
     assert {k: load_preset("fashion-beyond").fixed.get(k) for k in fixed} == fixed
+    k64 = expand(load_preset("fashion-k64"))
+    assert len(k64) == 16 and {c.workers for c in k64} == {1, 64}
+    config = k64[0].config()
+    assert (config.train_size, config.epochs, config.lr_decay_epochs) == (None, 133, [67, 100])
+    budget = expand(load_preset("fashion-k64-budget"))
+    assert sorted((c.workers, c.config().epochs) for c in budget) == sorted(
+        [(1, 40), (1, 80)] + [(64, 40), (64, 80)] * 3
+    )
+    assert {k: v for k, v in budget[0].config().to_dict().items() if "epochs" not in k} == {
+        k: v for k, v in config.to_dict().items() if "epochs" not in k
+    }
     full = expand(load_preset("fashion-full"))
     assert {1, 4, 8, 16, 32, 64} <= {c.workers for c in full}
     assert len({c.seed for c in full}) >= 2
@@ -389,6 +404,11 @@ def test_also_grids_add_cells_in_run_order_and_rows_skip_defaults(tmp_path):
     ]
     assert len(names) == 2 * (1 + 3 + 3) and "ssgd_k1_s0_lr-scalinglinear" not in names
     assert SweepSpec.from_dict(spec.to_dict()).also == spec.also
+    # an also grid that names workers runs its own baseline (another schedule, say)
+    spec.also.append({"epochs": [2.0], "workers": [1, 4]})
+    names = [c.name for c in expand(spec)]
+    assert "dana-slim_k1_s0_epochs2" in names and "ssgd_k4_s1_epochs2" in names
+    assert len(names) == 2 * (1 + 3 + 3) + 2 * (1 + 2)
     with pytest.raises(ConfigError, match="'also' grid option.*bogus"):
         SweepSpec.from_dict({"also": [{"bogus": [1]}]})
     with pytest.raises(ConfigError, match="list of grids"):

@@ -73,6 +73,7 @@ def test_outputs_are_present_and_well_formed(tmp_path):
         assert key in summary
     assert summary["diverged"] is False
     assert summary["final_test_error"] == pytest.approx(float(rows[-1]["test_error"]))
+    assert summary["final_train_loss"] == pytest.approx(float(rows[-1]["train_loss"]))
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(out.glob(".*.tmp*"))
 

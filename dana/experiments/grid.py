@@ -15,8 +15,10 @@ one worker) is run there, once per seed; ``baseline="all"`` runs every algorithm
 ['dana-slim_k1_s0', 'ssgd_k4_s0', 'dana-slim_k4_s0']
 
 ``also`` adds cells that are not a product: each entry is a grid laid over the main one
-(its axes replace the main grid's), and its cells join the main grid's in run order
-(but for one worker: the main grid runs the baseline).
+(its axes replace the main grid's), and its cells join the main grid's in run order.
+At one worker the main grid runs the baseline; an ``also`` grid runs its own baseline
+only when it names ``workers`` itself (a grid that changes the schedule, say, needs a
+baseline on that schedule; one that adds an algorithm's variant does not).
 
 >>> spec.also = [{"algorithm": ["ssgd"], "lr_scaling": ["linear"]}]
 >>> [c.name for c in expand(spec)]
@@ -202,7 +204,8 @@ def expand(spec: SweepSpec) -> list[Cell]:
     cells: list[Cell] = []
     seen: dict[str, Cell] = {}
     for n, grid in enumerate((spec.grid, *spec.also)):
-        _expand_one(spec, {**spec.grid, **grid}, cells, seen, also=n > 0)
+        own_baseline = n == 0 or "workers" in grid
+        _expand_one(spec, {**spec.grid, **grid}, cells, seen, own_baseline)
     if not spec.also:
         return cells
     order = {key: [] for key in ("seed", "workers")}
@@ -220,14 +223,14 @@ def _expand_one(
     grid_axes: dict[str, list[Any]],
     cells: list[Cell],
     seen: dict[str, Cell],
-    also: bool,
+    own_baseline: bool,
 ) -> None:
     grid = axes(dataclasses.replace(spec, grid=grid_axes))
     extra = [k for k in grid if k not in MAIN_AXES]
     for values in itertools.product(*grid.values()):
         setting = dict(zip(grid, values))
         if setting["workers"] == 1 and spec.baseline != "all":
-            if also:  # the main grid runs the one-worker baseline
+            if not own_baseline:  # the main grid runs the one-worker baseline
                 continue
             setting["algorithm"] = spec.baseline
         options = {**spec.fixed, **setting}

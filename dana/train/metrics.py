@@ -92,6 +92,7 @@ def summarize(
         "final_test_error": last["test_error"],
         "best_test_error": min(errors) if errors else math.nan,
         "final_test_loss": last["test_loss"],
+        "final_train_loss": last["train_loss"],
         "diverged": diverged_at is not None,
         "diverged_at_update": diverged_at,
         "updates": end.updates,
