@@ -24,6 +24,7 @@ from dana.experiments.targets import (
     choose_targets,
     reference_row,
     scaled_reference_row,
+    speedup_bounds,
     speedup_cells,
 )
 
@@ -165,10 +166,12 @@ def test_the_speedup_of_a_linearly_scaled_ssgd_row_is_over_plain_ssgd(tmp_path):
     assert "| dana-slim |  | 25 (2.00×; 1.00× vs linear) |" in table
     results.group("ssgd", 4).results[0].metrics[2]["test_error"] = 0.3  # plain: not reached
     table = time_table(results, 0.2)
-    assert "| dana-slim |  | 25 (ssgd not reached; 1.00× vs linear) |" in table
-    assert "| ssgd (lr_scaling=linear) |  | 25 (ssgd not reached) |" in table
-    assert "| dana-slim |  | 37.5 (ssgd not reached; linear not reached) |" in time_table(
-        results, 0.15
+    # ssgd ran until time 50 without reaching it: the speed-up is at least 50 / 25
+    assert "| dana-slim |  | 25 (ssgd not reached: > 2.00×; 1.00× vs linear) |" in table
+    assert "| ssgd (lr_scaling=linear) |  | 25 (ssgd not reached: > 2.00×) |" in table
+    assert (
+        "| dana-slim |  | 37.5 (ssgd not reached: > 1.33×; linear not reached: > 1.33×) |"
+        in time_table(results, 0.15)
     )
     markdown = build_report(tmp_path).markdown
     assert "a second speed-up follows, over it (`vs linear`" in markdown
@@ -249,12 +252,15 @@ def test_the_speedup_plot_says_why_a_cell_is_missing(tmp_path):
     assert cells[("dana-slim", 8)] == (None, NO_SSGD)
     assert cells[("dana-slim", 16)] == (None, SSGD_NOT_REACHED)
     assert cells[("ssgd", 16)] == (None, NOT_REACHED)
+    # ssgd's run at k=16 ends at time 12.5 above the target, dana-slim reached it at 6.25
+    assert speedup_bounds(results, 0.2) == {("dana-slim", 16): pytest.approx(2.0)}
     targets = choose_targets(results, 0.2)
     fig = plots.speedups_figure(results, targets)
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
-    for reason in (DIVERGED, NOT_REACHED, NO_SSGD, SSGD_NOT_REACHED):
+    for reason in (DIVERGED, NOT_REACHED, NO_SSGD):
         assert reason in texts
-    assert "2.00×" in texts
+    assert "2.00×" in texts and "> 2.00×" in texts
+    assert "at least (ssgd not reached)" in _labels(fig.axes[0])
     plots._pyplot().close(fig)
     assert "| 12.5 (no ssgd) |" in time_table(results, 0.2)
 
@@ -277,3 +283,19 @@ def test_thirteen_rows_are_told_apart_on_the_plot(tmp_path):
     assert len(set(drawn.values())) == 13
     assert drawn["algo00"][0] == drawn["algo10"][0] and drawn["algo00"][1] != drawn["algo10"][1]
     plots._pyplot().close(fig)
+
+
+def test_the_baseline_lies_inside_the_error_plot_and_no_empty_speedup_plot(tmp_path):
+    """The baseline (10%, below every k > 1 row) is inside the axis; a sweep without an
+    ssgd row gets a sentence, not an empty speed-up plot."""
+    _baseline(tmp_path, finals=(0.10, 0.10), first=0.6)
+    fake_run(tmp_path, "slim16", "dana-slim", 16, 0, [0.9, 0.2, 0.15])
+    fake_run(tmp_path, "nag16", "nag-asgd", 16, 0, [0.9, 0.3, 0.19])
+    fig = plots.error_vs_workers_figure(load_results(tmp_path))
+    bottom, top = fig.axes[0].get_ylim()
+    assert bottom < 10.0 < top
+    plots._pyplot().close(fig)
+    report = build_report(tmp_path)
+    assert not (tmp_path / "speedup_vs_workers.png").exists()
+    assert "no SSGD row: no speed-up over SSGD, and no speed-up plot" in report.markdown
+    assert "speedup_vs_workers.png" not in report.markdown

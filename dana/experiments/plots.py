@@ -6,7 +6,9 @@
   baseline as a dashed line;
 - ``gap_vs_workers.png``: the mean gap against k (log scale);
 - ``speedup_vs_workers.png``: per target, the speed-up over ssgd in simulated time to
-  it, and a grid of every cell's speed-up or why it has none.
+  it (a hollow triangle: at least this much, where ssgd never reached the target), and
+  a grid of every cell's speed-up or why it has none; drawn only when some cell has a
+  speed-up or a bound (the report says why there is none otherwise).
 
 In the two plots against k, a value with a diverged seed is an ``x`` (at the top edge
 when every seed diverged), and the y-axis ends at a robust limit (:func:`robust_top`: a
@@ -26,7 +28,7 @@ import numpy as np
 
 from dana.atomic import atomic_path
 from dana.experiments.results import Group, Results
-from dana.experiments.targets import Target, speedup_cells
+from dana.experiments.targets import Target, speedup_bounds, speedup_cells
 
 
 def _pyplot():
@@ -115,6 +117,8 @@ ERROR_CLIP_FACTOR = 10.0
 #: diverged run's gap (up to 1e13 and more) would otherwise flatten every other line.
 GAP_CLIP_FACTOR = 100.0
 DIVERGED_MARKER, OFF_SCALE_MARKER = "x", "^"
+#: A lower bound on a speed-up (ssgd never reached the target): a hollow triangle.
+BOUND_MARKER, BOUND_LABEL = "^", "at least (ssgd not reached)"
 
 
 @dataclass
@@ -239,7 +243,11 @@ def error_vs_workers_figure(results: Results):
     _draw_against_workers(ax, results, series, top if math.isfinite(top) else 100.0, log=False)
     base = results.baseline()
     if base is not None and len(base.errors()):
-        ax.axhline(100 * base.errors().mean(), color="k", ls="--", lw=1, label="baseline k=1")
+        level = 100 * float(base.errors().mean())
+        ax.axhline(level, color="k", ls="--", lw=1, label="baseline k=1")
+        bottom, top = ax.get_ylim()  # (set before the line: it must lie inside them)
+        if level < bottom:
+            ax.set_ylim(max(0.0, level - 0.05 * (top - level)), top)
     ax.set(ylabel="final test error (%)", title="final test error (mean over seeds)")
     _workers_axis(ax, results)
     fig.tight_layout()
@@ -304,12 +312,22 @@ def speedups_figure(results: Results, targets: list[Target]):
             )
             continue
         cells = speedup_cells(results, target.value)
+        bounds = speedup_bounds(results, target.value)
         for row in rows:
             points = sorted((k, up) for (r, k), (up, _) in cells.items() if r == row and up)
+            label = row
             if points:
-                ax.plot(*zip(*points), marker="o", **styles[row], label=row)
+                ax.plot(*zip(*points), marker="o", **styles[row], label=label)
+                label = None
+            at_least = sorted((k, b) for (r, k), b in bounds.items() if r == row)
+            for k, b in at_least:
+                color = styles[row]["color"]
+                ax.plot([k], [b], BOUND_MARKER, color=color, ms=9, mfc="none", label=label)
+                label = None
+        if bounds:
+            ax.plot([], [], BOUND_MARKER, color="k", ms=9, mfc="none", label=BOUND_LABEL)
         ax.axhline(1.0, color="k", lw=0.8)
-        if not ax.get_lines()[:-1]:
+        if not cells_to_plot(cells, bounds):
             ax.text(
                 0.5,
                 0.5,
@@ -317,7 +335,7 @@ def speedups_figure(results: Results, targets: list[Target]):
                 ha="center",
                 transform=ax.transAxes,
             )
-        _speedup_grid(grid, rows, ks, cells, styles)
+        _speedup_grid(grid, rows, ks, cells, styles, bounds)
     handles, labels = _legend_entries(axes[0:1])
     if handles:
         fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8)
@@ -325,8 +343,14 @@ def speedups_figure(results: Results, targets: list[Target]):
     return fig
 
 
-def _speedup_grid(ax, rows: list[str], ks: list[int], cells, styles) -> None:
-    """Text grid: one line per row, one column per k, the speed-up or why there is none."""
+def cells_to_plot(cells, bounds) -> bool:
+    """Whether a speed-up panel has anything to draw: a speed-up or a lower bound."""
+    return bool(bounds) or any(up is not None for up, _ in cells.values())
+
+
+def _speedup_grid(ax, rows: list[str], ks: list[int], cells, styles, bounds) -> None:
+    """Text grid: one line per row, one column per k, the speed-up, its lower bound where
+    ssgd never reached the target, or why there is none."""
     n = len(rows)
     ax.axis("on")
     ax.set_xscale("log", base=2)  # the columns line up with the panel's k above
@@ -348,6 +372,8 @@ def _speedup_grid(ax, rows: list[str], ks: list[int], cells, styles) -> None:
             else:
                 up, why = cells[(row, k)]
                 text, style = (f"{up:.2f}×", "normal") if up is not None else (why, "italic")
+                if (row, k) in bounds:  # (ssgd not reached: the legend's triangle)
+                    text = f"> {bounds[(row, k)]:.2f}×"
             ax.text(
                 k,
                 i,

@@ -32,6 +32,8 @@ from dana.experiments.targets import (
     Target,
     choose_targets,
     has_scaled_ssgd,
+    speedup_bounds,
+    speedup_cells,
 )
 
 #: Settings listed in the report's protocol line, in this order, when shared by all runs.
@@ -85,7 +87,7 @@ def build_report(
         plots.plot_gap_vs_workers(results, out / "gap_vs_workers.png"),
     ]
     targets = choose_targets(results, target)
-    if targets:
+    if speedup_plot_due(results, targets):
         files.append(plots.plot_speedups(results, targets, out / "speedup_vs_workers.png"))
     table = error_table(results)
     text = _markdown(results, table, targets)
@@ -163,16 +165,38 @@ def _markdown(results: Results, table: str, targets: list[Target]) -> str:
         ups = speedups(results, t.value)
         if not any(k > 1 and row != "ssgd" for row, by_k in ups.items() for k in by_k):
             lines += ["No algorithm and ssgd both reached the target at the same k.", ""]
-    if targets:
+    if speedup_plot_due(results, targets):
         lines += [
             "![speed-up vs workers](speedup_vs_workers.png)",
             "",
-            "The speed-up plot has one panel per target; the grid under each gives every "
-            "cell's speed-up or why it has none (`not reached`, `diverged`, `no ssgd`, "
+            "The speed-up plot has one panel per target; a hollow triangle is a lower bound "
+            "(ssgd never reached the target in its run: the speed-up is at least its run's "
+            "length over the row's time to it); the grid under each gives every cell's "
+            "speed-up, its bound, or why it has none (`not reached`, `diverged`, `no ssgd`, "
             "`ssgd not reached`, `pending`).",
             "",
         ]
+    elif targets:
+        lines += [_no_speedup_plot(results), ""]
     return "\n".join(lines)
+
+
+def speedup_plot_due(results: Results, targets: list[Target]) -> bool:
+    """Whether some used target has a speed-up over SSGD, or a bound on one, to plot."""
+    return any(
+        plots.cells_to_plot(speedup_cells(results, t.value), speedup_bounds(results, t.value))
+        for t in targets
+        if t.skip is None
+    )
+
+
+def _no_speedup_plot(results: Results) -> str:
+    if not any(row == "ssgd" or row.startswith("ssgd ") for row in results.rows):
+        return "This sweep has no SSGD row: no speed-up over SSGD, and no speed-up plot."
+    return (
+        "No row has a speed-up over SSGD, or a bound on one, at these targets (no row "
+        "reached a target at a k where ssgd ran): no speed-up plot."
+    )
 
 
 def _glance(results: Results) -> list[str]:

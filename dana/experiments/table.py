@@ -20,6 +20,7 @@ from dana.experiments.targets import (
     group_time,
     reference_row,
     scaled_reference_row,
+    speedup_bound,
     speedup_cell,
     speedup_cells,
 )
@@ -126,16 +127,20 @@ def gap_table(results: Results) -> str:
 def time_table(results: Results, target: float) -> str:
     """Simulated time to ``target`` error and, in brackets, the speed-up over the plain
     ``ssgd`` row at the same k (:func:`~dana.experiments.targets.reference_row`) or why
-    there is none (``no ssgd``, ``ssgd not reached``); where the sweep has ``ssgd
+    there is none (``no ssgd``, ``ssgd not reached``, with the lower bound of
+    :func:`~dana.experiments.targets.speedup_bound`: ``ssgd not reached: > 2.00×``);
+    where the sweep has ``ssgd
     (lr_scaling=linear)``, then the speed-up over it or why there is none, ``vs
     linear`` (:func:`~dana.experiments.targets.scaled_reference_row`)."""
 
     def speedup_text(group: Group, label: str | None = None) -> str:
         up, why = speedup_cell(results, group, target, label)
-        if label is None:
-            return f"{up:.2f}×" if up is not None else why
-        scaled = {SSGD_NOT_REACHED: "linear not reached", NO_SSGD: "no linear"}
-        return f"{up:.2f}× vs linear" if up is not None else scaled.get(why, why)
+        if label is not None:
+            why = {SSGD_NOT_REACHED: "linear not reached", NO_SSGD: "no linear"}.get(why, why)
+        if up is not None:
+            return f"{up:.2f}×" + (" vs linear" if label is not None else "")
+        bound = speedup_bound(results, group, target, label)
+        return why if bound is None else f"{why}: > {bound:.2f}×"
 
     def cell(group: Group | None, seeds: int) -> str:
         if group is None:

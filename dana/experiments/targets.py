@@ -7,7 +7,9 @@ evaluations). A run that never reaches the target (or diverges first) has none.
 
 The speed-up of a row over SSGD at ``k`` workers is ``T_ssgd / T_row`` with ``T`` the
 mean time to target over the seeds; it is defined only when every seed of both reached
-the target. The reference is the plain ``ssgd`` row with the row's other settings, but
+the target; where the row reached it and SSGD did not, a lower bound takes its place
+(:func:`speedup_bound`: SSGD would have needed longer than its whole run). The
+reference is the plain ``ssgd`` row with the row's other settings, but
 ``lr_scaling`` and ``algorithm_params`` at their defaults: ``ssgd (lr_scaling=linear)``
 is compared with ``ssgd``, as every other row is. Where the sweep also has ``ssgd``
 with the linear-scaling rule, every other row gets a second speed-up, over it
@@ -231,6 +233,30 @@ def speedup_cell(
     return speedup(reference_time, max(time, 1e-300)), ""
 
 
+def speedup_bound(
+    results: Results, group: Group, target: float, reference_label: str | None = None
+) -> float | None:
+    """Where every seed of ``group`` reached ``target`` and its reference (as in
+    :func:`speedup_cell`) did not on every seed, a lower bound on the speed-up: the
+    reference's mean over its seeds of the time to the target, a seed that never reached
+    it counted at the time its run ended (it would have needed longer; a diverged seed at
+    its last finite time), over ``group``'s mean time. None when there is no such bound."""
+    time = group_time(group, target)[0]
+    label = reference_label or reference_row(results, group)
+    reference = results.group(label, group.workers)
+    if time is None or reference is None or not reference.results:
+        return None
+    if group_time(reference, target)[0] is not None:
+        return None  # (reached: the speed-up itself is defined)
+    times = []
+    for run in reference.results:
+        reached = time_to_target(run.metrics, target)
+        ends = [r["sim_time"] for r in run.metrics if math.isfinite(r["sim_time"])]
+        times.append(reached if reached is not None else max(ends, default=math.nan))
+    bound = speedup(float(sum(times) / len(times)), max(time, 1e-300))
+    return bound if bound is not None and math.isfinite(bound) else None
+
+
 def speedup_cells(
     results: Results, target: float
 ) -> dict[tuple[str, int], tuple[float | None, str]]:
@@ -241,6 +267,17 @@ def speedup_cells(
         for key, group in results.groups.items()
         if key[1] > 1 and group is not base
     }
+
+
+def speedup_bounds(results: Results, target: float) -> dict[tuple[str, int], float]:
+    """:func:`speedup_bound` of every group with k > 1 that has one."""
+    base = results.baseline()
+    bounds = {
+        key: speedup_bound(results, group, target)
+        for key, group in results.groups.items()
+        if key[1] > 1 and group is not base
+    }
+    return {key: b for key, b in bounds.items() if b is not None}
 
 
 def speedup(reference: float | None, time: float | None) -> float | None:
