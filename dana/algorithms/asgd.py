@@ -95,6 +95,12 @@ class MultiAsgdMaster(MasterRule):
         momentum_step(self.theta, self.v[worker], message, self.momentum, lr)
         return True
 
+    def leave(self, worker: int, lr: float) -> bool:
+        """A departed worker's momentum is dropped (the pushes that would have applied it
+        never come); it joins again with a zero momentum, as at the start."""
+        self.v[worker].zero_()
+        return False
+
 
 class MultiAsgd(Algorithm):
     """ASGD with one momentum vector per worker at the master."""

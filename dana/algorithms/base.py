@@ -16,6 +16,15 @@ algorithm asks (``uses_speed``), is each worker's speed relative to the fastest
 (``workers.set_speed(i, s_i)``, once, before the first event): Dynamic Local Updates
 size a worker's local phase by it.
 
+Membership (ALGORITHMS.md, "Workers that leave and join"): a worker may leave the run (a
+preempted machine) and join it again later. The runner then calls
+``master.leave(i, lr)`` and ``workers.leave(i)``: worker ``i``'s computation in flight
+is lost (the master never receives that push) and its own state with it; the rules drop
+or fold what they keep for it. When it comes back the runner calls ``master.join(i)``
+and ``workers.join(i)``, and the worker pulls afresh, as at the start. The defaults do
+nothing (a rule that keeps nothing per worker); a rule that keeps per-worker state
+states its choice in its docstring.
+
 An :class:`Algorithm` holds the hyper-parameters (validated at construction) and builds
 the two rules. A master rule holds the master's state for a flat parameter vector (or a
 contiguous shard of one, when the algorithm is ``elementwise``); a worker rule
@@ -119,6 +128,24 @@ class MasterRule:
         """Apply ``worker``'s message; return True if the master's parameters moved."""
         raise NotImplementedError
 
+    def leave(self, worker: int, lr: float) -> bool:
+        """Worker ``worker`` has left the run: its push in flight will never come.
+
+        Called once per departure, between events (never inside a pull or push), with
+        the rate a push would have now. The rule drops or folds what it keeps for that
+        worker (its docstring says how). Returns True when the master's parameters
+        moved as an update (a synchronous master whose round the departure completes);
+        False otherwise, also when a rule folds state into its parameters without
+        applying a gradient. The default keeps nothing per worker: nothing to do.
+        """
+        return False
+
+    def join(self, worker: int) -> None:
+        """Worker ``worker``, which left, is back; its next event is a fresh pull.
+
+        The default keeps nothing per worker: nothing to do.
+        """
+
     def params(self) -> Tensor:
         """The parameters to evaluate (ALGORITHMS.md, column "evaluated params")."""
         return self.theta
@@ -154,6 +181,12 @@ class RemembersPulls:
     def peek(self, worker: int, lr: float, out: Tensor) -> Tensor:
         """What a pull of ``worker`` would send now, without recording it."""
         return super().pull(worker, lr, out)  # type: ignore[misc]
+
+    def leave(self, worker: int, lr: float) -> bool:
+        """A departed worker has no pull outstanding: its ``p_i`` is zeroed (its next
+        pull, after it joins, records a new one)."""
+        self.sent[worker].zero_()
+        return super().leave(worker, lr)  # type: ignore[misc]
 
 
 class WorkerRule:
@@ -197,6 +230,15 @@ class WorkerRule:
         (:func:`dana.train.timing.relative_speeds`). Rules whose work per push depends
         on it (Dynamic Local Updates) keep it; the default ignores it.
         """
+
+    def leave(self, worker: int) -> None:
+        """Worker ``worker`` has left the run: its state is lost (a preempted machine's
+        memory), and the rule resets it to the initial state. The default keeps no
+        state: nothing to do."""
+
+    def join(self, worker: int) -> None:
+        """Worker ``worker`` is back, as a fresh worker (its state as at the start); its
+        next event is a pull. The default: nothing to do."""
 
     def message(self, worker: int, grad: Tensor) -> Tensor | None:
         """Turn ``worker``'s gradient into the message it pushes.

@@ -80,6 +80,20 @@ class DanaZeroMaster(MasterRule):
             theta.add_(v, alpha=-lr)
         return True
 
+    def leave(self, worker: int, lr: float) -> bool:
+        """The departed worker's momentum ``v_i`` leaves the sum: ``S`` is summed afresh
+        over the workers (a departed worker's row is zero), so that it stays exactly
+        the sum of the live workers' momenta. First ``theta -= lr*m*v_i``: the step of
+        ``v_i`` that the pulls' look-ahead ``theta - lr*m*S`` already promised, so that
+        a pull sends the same parameters just before and just after the departure (and
+        ``dana-slim``, whose master keeps that look-ahead, stays ``dana-zero``). It joins
+        again with ``v_i = 0``. Not an update: returns False."""
+        v = self.v[worker]
+        self.theta.add_(v, alpha=-lr * self.momentum)
+        v.zero_()
+        torch.sum(self.v, dim=0, out=self.S)
+        return False
+
 
 class DanaZero(Algorithm):
     """DANA with the momenta at the master; pulls see ``theta - lr*m*sum_i v_i``."""
@@ -135,6 +149,15 @@ class DanaSlimWorkers(WorkerRule):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # Older checkpoints also hold the message buffer "u", which is not state.
         super().load_state_dict({k: v for k, v in state.items() if k != "u"})
+
+    def leave(self, worker: int) -> None:
+        """The departed worker's momentum ``v_i`` is lost with its machine: zero (it joins
+        again with ``v_i = 0``), and ``S`` is summed afresh over the workers. The master
+        keeps ``Theta`` as it is: the look-ahead ``-lr*m*v_i`` it holds is then applied
+        for good, the step ``dana-zero``'s master takes at the departure."""
+        self.v[worker].zero_()
+        if self.S is not None:
+            torch.sum(self.v, dim=0, out=self.S)
 
     def theta_offset(self, lr: float) -> Tensor:
         return self._sum() * (lr * self.momentum)

@@ -68,6 +68,7 @@ class DanaEasgdMaster(MasterRule):
         "pulled_at",
         "cycle",
         "updates",
+        "live",
     )
 
     def __init__(self, params: Tensor, workers: int, alpha: float):
@@ -83,6 +84,7 @@ class DanaEasgdMaster(MasterRule):
         self.pulled_at = torch.zeros(k, dtype=torch.int64)
         self.cycle = torch.zeros(k, dtype=torch.int64)  # exchanges landed in its last cycle
         self.updates = 0
+        self.live = torch.ones(k, dtype=torch.bool)  # workers in the run (not departed)
 
     def persistence(self) -> float:
         """``rho``: how much of a worker's last displacement its next one repeats."""
@@ -92,13 +94,13 @@ class DanaEasgdMaster(MasterRule):
 
     def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
         self.pulled_at[worker] = self.updates
-        m, k = int(self.cycle[worker]), self.workers
-        if k == 1 or m == 0 or self.alpha == 0:
+        m, others = int(self.cycle[worker]), self._others()
+        if others == 0 or m == 0 or self.alpha == 0:
             out.copy_(self.theta)
         else:  # c + (1 - (1-alpha)^m) * (y - c), y = mean over j != i of x_j + rho*w_j
             y = torch.sub(self.position_sum, self.position[worker], out=out)
             y.add_(self.displacement_sum, alpha=self.persistence())
-            y.add_(self.displacement[worker], alpha=-self.persistence()).div_(k - 1)
+            y.add_(self.displacement[worker], alpha=-self.persistence()).div_(others)
             y.sub_(self.theta).mul_(1 - (1 - self.alpha) ** m).add_(self.theta)
         self.sent[worker].copy_(out)
         return out
@@ -110,6 +112,39 @@ class DanaEasgdMaster(MasterRule):
         self.theta.add_(message)
         self.updates += 1
         return True
+
+    def leave(self, worker: int, lr: float) -> bool:
+        """The departed worker leaves the mean ``y`` of the others' predicted positions:
+        its position, displacement, estimate, cycle and pull count are zeroed and the
+        sums summed afresh over the live workers (a departed worker's rows are zero);
+        the persistence ``rho``, measured over all workers, is kept. Returns False."""
+        self.live[worker] = False
+        for state in (self.sent, self.position, self.displacement):
+            state[worker].zero_()
+        self.cycle[worker] = 0
+        self.pulled_at[worker] = 0
+        self._resum()
+        return False
+
+    def join(self, worker: int) -> None:
+        """The worker is back, as at the start: its position is the center (its first
+        pull sends the center, its cycle count being 0, and the worker starts there)."""
+        self.live[worker] = True
+        self.position[worker].copy_(self.theta)
+        self._resum()
+
+    def _others(self) -> int:
+        """The live workers other than the one pulling."""
+        return int(self.live.sum()) - 1
+
+    def _resum(self) -> None:
+        torch.sum(self.position, dim=0, out=self.position_sum)
+        torch.sum(self.displacement, dim=0, out=self.displacement_sum)
+
+    def load_state_dict(self, state: dict) -> None:
+        # Checkpoints from before membership hold no "live": every worker was.
+        state = {"live": torch.ones(self.workers, dtype=torch.bool), **state}
+        super().load_state_dict(state)
 
     def _observe(self, worker: int, e: Tensor) -> None:
         """Learn ``worker``'s parameters from its exchange ``e = alpha*(x - sent)``."""

@@ -130,6 +130,15 @@ class ElasticWorkers(WorkerRule):
         x.add_(v, alpha=1 + m)
         return e
 
+    def leave(self, worker: int) -> None:
+        """The departed worker's parameters, momentum and step counter are lost: zero. It
+        joins again as at the start: its counter at 0, so that its next computation
+        starts from the center it pulls and its first step exchanges a zero difference."""
+        self.x[worker].zero_()
+        if self.v is not None:
+            self.v[worker].zero_()
+        self.t[worker] = 0
+
 
 def check_tau(tau: int) -> int:
     if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:

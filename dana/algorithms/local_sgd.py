@@ -165,6 +165,16 @@ class LocalWorkers(WorkerRule):
         self.t[worker] = 0
         return torch.sub(self._start, x, out=grad)  # the outer gradient, over grad
 
+    def leave(self, worker: int) -> None:
+        """The departed worker's copy ``x_i``, inner optimizer state and counters are
+        lost: zero. It joins again as at the start: its next computation starts a cycle
+        from what it pulls (its ``H_i``, set from its speed, is kept)."""
+        for state in (self.x, self.u, self.s):
+            if state is not None:
+                state[worker].zero_()
+        self.t[worker] = 0
+        self.n[worker] = 0
+
     def _adam_step(self, worker: int, x: Tensor, g: Tensor, lr: float) -> None:
         b1, b2 = self.momentum, self.beta2
         n = int(self.n[worker]) + 1
@@ -243,6 +253,17 @@ class DanaLocalMaster(MasterRule):
         v.mul_(self.mu).add_(message)
         self.theta.add_(v, alpha=-self.outer_lr)
         return True
+
+    def leave(self, worker: int, lr: float) -> bool:
+        """As ``dana-zero``'s master: ``theta -= outer_lr*mu*v_i`` (the step the pulls'
+        look-ahead already promised: a pull sends the same parameters just before and
+        after the departure), then ``v_i = 0`` and ``S`` summed afresh over the workers,
+        exactly the sum of the live workers' outer momenta. Returns False."""
+        v = self.v[worker]
+        self.theta.add_(v, alpha=-self.outer_lr * self.mu)
+        v.zero_()
+        torch.sum(self.v, dim=0, out=self.S)
+        return False
 
 
 def dynamic_local_steps(H: int, speed: float) -> int:

@@ -55,6 +55,12 @@ class LwpMaster(CountsUpdates, MasterRule):
         self.updates += 1
         return True
 
+    def leave(self, worker: int, lr: float) -> bool:
+        """A departed worker's last delay is forgotten (0): its first pull after it joins
+        is not predicted, as at the start. The count at its pull is overwritten then."""
+        self.last_delay[worker] = 0
+        return False
+
 
 class LwpAsgd(Algorithm):
     """Momentum ASGD whose pulls send the linear prediction ``theta - lr*D*v``."""

@@ -178,6 +178,17 @@ class YellowFinMaster(MasterRule):
                 self.mu_alg = min(max(mu_alg, -MU_BOUND), MU_BOUND)
         return True
 
+    def leave(self, worker: int, lr: float) -> bool:
+        """The tuner's estimates are global: kept. The closed loop forgets the departed
+        worker's measurement in progress (its ``x_u - x_{u-1}``, the step after it, and
+        that it is pending); its next pull, after it joins, starts a new one."""
+        if self.before is not None:
+            self.before[worker].zero_()
+            self.after[worker].zero_()
+            self.after_alpha[worker] = 0.0
+            self.pending[worker] = False
+        return False
+
     def tune(self, g: Tensor) -> None:
         """Fold ``g`` into the estimates and, from the second gradient on, retune."""
         beta = self.beta
