@@ -2,7 +2,9 @@
 
 A timing model draws the duration of worker ``i``'s next computation. The simulator
 calls :meth:`TimingModel.sample` once per computation, in event order, so the same seed
-gives the same durations.
+gives the same durations. The unit of simulated time is the millisecond (``gamma``'s
+mean step of 128 is 128 ms); a cluster model (:mod:`dana.train.cluster`) adds
+per-worker factors, drift, data-dependent costs and the network around these models.
 
 - ``constant``: every computation takes ``duration``: round robin, staleness ``k-1``.
 - ``gamma``: ``Gamma(shape, scale)`` for every worker; the DANA authors' values
@@ -13,6 +15,14 @@ gives the same durations.
   computations takes ``Gamma(1/task_cv^2, mean_i*task_cv^2)``. Defaults (ours):
   ``mean=128`` (as ``gamma``), ``machine_cv=0.3`` (workers' speeds spread by about
   30%), ``task_cv=0.1`` (as ``gamma``'s jitter).
+- ``lognormal``: ``exp(N(mu, sigma^2))`` with mean ``mean`` and coefficient of
+  variation ``cv`` (``sigma^2 = ln(1 + cv^2)``, ``mu = ln(mean) - sigma^2/2``): the
+  heavy right tail of measured step times on shared machines. Defaults ``mean=128``,
+  ``cv=0.1``.
+- ``pareto``: Pareto type I with tail index ``alpha > 1`` and mean ``mean`` (scale
+  ``x_m = mean*(alpha - 1)/alpha``, ``P(T > t) = (x_m/t)^alpha``): a power-law tail of
+  stragglers (the variance is infinite for ``alpha <= 2``). Defaults ``mean=128``,
+  ``alpha=3``.
 - ``trace``: replay measured step times from a CSV file with a header
   ``worker,duration`` and one row per computation (the format every Ray run writes to
   ``step_times.csv``). Worker ``i`` replays the durations of trace worker
@@ -96,6 +106,51 @@ class Gamma(TimingModel):
 
     def params(self) -> dict[str, Any]:
         return {"shape": self.shape, "scale": self.scale}
+
+
+class Lognormal(TimingModel):
+    name = "lognormal"
+
+    def __init__(self, workers: int, seed: int = 0, mean: float = 128.0, cv: float = 0.1):
+        super().__init__(workers, seed)
+        self.mean = _positive("mean", mean)
+        self.cv = _positive("cv", cv)
+        self.sigma = math.sqrt(math.log1p(self.cv**2))
+        self.mu = math.log(self.mean) - self.sigma**2 / 2
+
+    def sample(self, worker: int) -> float:
+        return float(self.rng.lognormal(self.mu, self.sigma))
+
+    def mean_time(self, worker: int) -> float:
+        return self.mean
+
+    def params(self) -> dict[str, Any]:
+        return {"mean": self.mean, "cv": self.cv}
+
+
+class Pareto(TimingModel):
+    name = "pareto"
+
+    def __init__(self, workers: int, seed: int = 0, mean: float = 128.0, alpha: float = 3.0):
+        super().__init__(workers, seed)
+        self.mean = _positive("mean", mean)
+        if not (isinstance(alpha, int | float) and not isinstance(alpha, bool) and alpha > 1):
+            raise ConfigError(
+                f"timing parameter alpha (the Pareto tail index) must be a number > 1 (a "
+                f"finite mean), got {alpha!r}"
+            )
+        self.alpha = _positive("alpha", alpha)
+        self.scale = self.mean * (self.alpha - 1) / self.alpha  # x_m
+
+    def sample(self, worker: int) -> float:
+        # numpy's pareto is Lomax (Pareto II from 0): x_m * (1 + Lomax) is Pareto I.
+        return float(self.scale * (1.0 + self.rng.pareto(self.alpha)))
+
+    def mean_time(self, worker: int) -> float:
+        return self.mean
+
+    def params(self) -> dict[str, Any]:
+        return {"mean": self.mean, "alpha": self.alpha}
 
 
 class Heterogeneous(TimingModel):
@@ -239,7 +294,7 @@ def _positive(name: str, value: float) -> float:
 
 
 TIMING_MODELS: dict[str, type[TimingModel]] = {
-    cls.name: cls for cls in (Constant, Gamma, Heterogeneous, Trace)
+    cls.name: cls for cls in (Constant, Gamma, Lognormal, Pareto, Heterogeneous, Trace)
 }
 
 
