@@ -144,4 +144,11 @@ def test_timing_config_errors():
         build_timing("heterogeneous", 2, machine_cv=0)
     with pytest.raises(ConfigError, match="duration"):
         build_timing("constant", 2, duration=-1)
-    assert set(TIMING_MODELS) == {"constant", "gamma", "heterogeneous", "trace"}
+    assert set(TIMING_MODELS) == {
+        "constant",
+        "gamma",
+        "lognormal",
+        "pareto",
+        "heterogeneous",
+        "trace",
+    }
