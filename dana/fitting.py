@@ -42,7 +42,7 @@ from torch.utils.data import default_collate
 from dana.data import Dataset
 from dana.errors import ConfigError, DanaError
 from dana.train.backends import runner_class
-from dana.train.batches import BatchStream
+from dana.train.batches import BatchStream, WorkerBatches, batches_for
 from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
 from dana.train.flat import FlatModel, LossFn
@@ -148,8 +148,11 @@ class UserProblem:
     def initial_params(self) -> Tensor:
         return self.flat.flat.clone()
 
-    def batches(self, seed: int) -> BatchStream:
-        return BatchStream(self.dataset.train_size, self.config.batch_size, seed=seed)
+    def batches(self, seed: int) -> BatchStream | WorkerBatches:
+        config = self.config
+        return batches_for(
+            config.partition, self.dataset.train_y, config.batch_size, seed, config.workers
+        )
 
     def gradient(self, params: Tensor, rows: Tensor) -> tuple[Tensor, float]:
         return self.flat.gradient(params, *self.inputs(rows), self.loss_fn)

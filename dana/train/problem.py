@@ -16,7 +16,7 @@ from torch import Tensor
 
 from dana.data import Dataset, augment_batch, load_dataset
 from dana.models import build_model
-from dana.train.batches import BatchStream, KeyedBatchStream
+from dana.train.batches import BatchStream, WorkerBatches, batches_for
 from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
 from dana.train.flat import FlatModel
@@ -53,12 +53,20 @@ class Problem:
                 t = t.to(dtype)
             setattr(ds, name, t.to(self.device))
 
-    def batches(self, seed: int) -> BatchStream:
+    def batches(self, seed: int) -> BatchStream | WorkerBatches:
         """The stream of training batches seeded ``seed``: with augmentation, a
         :class:`~dana.train.batches.KeyedBatchStream`, whose keys seed each batch's
-        augmentation draws."""
-        stream = KeyedBatchStream if self.dataset.augment else BatchStream
-        return stream(self.dataset.train_size, self.config.batch_size, seed=seed)
+        augmentation draws; with ``--partition`` other than ``iid``, one stream per
+        worker over its part (:class:`~dana.train.batches.WorkerBatches`)."""
+        config = self.config
+        return batches_for(
+            config.partition,
+            self.dataset.train_y,
+            config.batch_size,
+            seed,
+            config.workers,
+            keyed=bool(self.dataset.augment),
+        )
 
     def source(self) -> GradientSource:
         """The model, loss and data, for the simulator's batched and threaded engines
