@@ -120,6 +120,12 @@ class Engine:
     def _take(self, i: int) -> tuple[Tensor, float, Running]:
         return self.pending.pop(i)
 
+    def discard(self, i: int) -> None:
+        """Forget worker ``i``'s gradient computed ahead, if any (the worker left: its
+        computation is lost, and its BatchNorm statistics are never folded in, as the
+        sequential simulator, which never computed it, never folds them)."""
+        self.pending.pop(i, None)
+
     def _fold(self, running: Running) -> None:
         """Fold one worker's BatchNorm running statistics into the shared model."""
         raise NotImplementedError
@@ -213,6 +219,11 @@ class ThreadedEngine(Engine):
                 "order: use --threads 1 (or draw from a torch.Generator of your own)"
             )
         return result
+
+    def discard(self, i: int) -> None:
+        future = self.pending.pop(i, None)
+        if future is not None and not future.cancel():
+            future.exception()  # (wait for it: its replica goes back to the pool)
 
     def state_dict(self) -> dict[str, Any]:
         return {}  # (the pending gradients are computed again, bit for bit)

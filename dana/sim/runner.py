@@ -78,6 +78,11 @@ class SimRun:
         )  # (train() gives the one it built)
         self.batches = problem.batches(config.seed)
         batch_workers, threads = engine_settings(config, problem, threads, self.batches)
+        if config.cluster is not None and config.servers > problem.flat.d:
+            raise ConfigError(
+                f"--servers {config.servers}: the model has {problem.flat.d} parameters; "
+                "a shard holds at least one"
+            )
         self.sim = Simulator(
             algorithm,
             problem.initial_params(),
@@ -93,6 +98,9 @@ class SimRun:
             batch_workers=batch_workers,
             threads=threads,
             source=problem.source() if batch_workers > 1 or threads > 1 else None,
+            cluster=config.cluster,
+            servers=config.servers,
+            labels=class_labels(problem.dataset.train_y),
         )
         self.rows: list[dict[str, float]] = []
         self.logged = 0  # pushes already summarised in a metrics row
@@ -173,7 +181,21 @@ class SimRun:
             wall(),
             self.position(),
             self.sim.wait_time,
+            self.cluster_summary(),
         )
+
+    def cluster_summary(self) -> dict[str, Any]:
+        """What the summary adds of the cluster (departures, lost work) and of the data
+        behind the applied pushes (each class's count, and the data's: the bias meter)."""
+        sim, extra = self.sim, {}
+        if self.config.cluster is not None:
+            extra["cluster"] = self.config.cluster["name"]
+        if sim.clock is not None:
+            extra.update(sim.clock.counters())
+        if sim.meter is not None:
+            extra["applied_class_counts"] = sim.meter.applied_counts.tolist()
+            extra["data_class_counts"] = sim.meter.data_counts.tolist()
+        return extra
 
     def _tick(self, progress: Progress):
         every = max(1, self.batches.batches_per_epoch // 50)
@@ -184,3 +206,11 @@ class SimRun:
             return self.diverged(sim)
 
         return callback
+
+
+def class_labels(labels: Any) -> Any:
+    """The training labels when they are class labels (integers, one per example), for
+    the bias meter; else None."""
+    if isinstance(labels, torch.Tensor) and labels.dim() == 1 and not labels.is_floating_point():
+        return labels
+    return None

@@ -32,6 +32,17 @@ Every push counts as an update in the gates (exact for every asynchronous rule).
 rounds whose staleness is 0 (its barrier is the ``s = 0`` of an averaging master) and
 ignores the bound. ``max_staleness=None`` (the default) never waits.
 
+A cluster (``cluster=``, :mod:`dana.train.cluster`; docs/ALGORITHMS.md, "The clock,
+exactly as simulated") puts the network, drift, data-dependent step times and workers
+that leave and join into the clock: the simulator then runs the event loop of
+:class:`dana.sim.clock.Clock` (pulls and pushes cross the links and queue at the
+servers; a departed worker's computation is lost and the rules are told,
+``leave``/``join``). A cluster without any of these (:func:`~dana.train.cluster.is_trivial`)
+runs the loop above, bit for bit today's. With per-worker streams of batches
+(:class:`~dana.train.batches.WorkerBatches`, ``--partition``) each worker draws from its
+own part of the data; with ``labels`` the simulator counts each class's examples behind
+the applied pushes (:class:`~dana.train.classmeter.ClassMeter`).
+
 Batched and threaded gradients (``batch_workers=B``, ``threads=N``, with a ``source``):
 an engine of :mod:`dana.sim.compute` computes the due worker's gradient together with
 those of the next in-flight workers (:meth:`Simulator._due`), ahead of their pushes,
@@ -65,8 +76,12 @@ import torch
 from torch import Tensor
 
 from dana.algorithms.base import Algorithm, check_workers, move_tensors, per_worker_zeros
+from dana.sim.clock import Clock
 from dana.sim.compute import build_engine
 from dana.train.batches import BatchStream
+from dana.train.classmeter import ClassMeter
+from dana.train.cluster import check_workers as check_cluster_workers
+from dana.train.cluster import is_trivial, resolve_cluster, timing_of
 from dana.train.gate import StalenessGate, bounds_staleness
 from dana.train.pushlog import PushLog
 from dana.train.schedule import schedule_epoch
@@ -101,6 +116,16 @@ class Simulator:
         source: the model, loss and data (:class:`dana.train.stacked.GradientSource`)
             the batched and threaded engines compute with; ``gradient`` is then used
             by neither.
+        cluster: a cluster model (a preset name, a file, or a mapping:
+            :mod:`dana.train.cluster`); its compute model replaces ``timing`` (which is
+            then given by name). ``None``: today's clock, ``timing`` alone.
+        servers: the parameter-server shards whose links carry the messages.
+        always_clock: run a cluster's event loop even when the cluster is trivial
+            (:func:`~dana.train.cluster.is_trivial`), to check that it then gives the
+            loop without a cluster bit for bit.
+        labels: the training examples' labels: the simulator then counts the classes
+            behind the applied pushes (``meter``), and a cluster's ``class_cost`` needs
+            them.
     """
 
     def __init__(
@@ -121,20 +146,40 @@ class Simulator:
         batch_workers: int = 1,
         threads: int = 1,
         source: GradientSource | None = None,
+        cluster: dict[str, Any] | str | None = None,
+        servers: int = 1,
+        labels: Any = None,
+        always_clock: bool = False,
     ):
         self.algorithm = algorithm
         self.k = check_workers(workers)
+        if cluster is not None:
+            if not isinstance(timing, str):
+                raise ValueError(
+                    "with a cluster, name the timing model (timing='gamma', ...); the "
+                    "cluster's compute section replaces it"
+                )
+            cluster = resolve_cluster(cluster, timing, timing_params)
+            check_cluster_workers(cluster, self.k)
+            timing, timing_params = timing_of(cluster)
+        self.cluster = cluster
         if not weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
         self.schedule = lr if callable(lr) else _constant(lr)
         self.weight_decay = float(weight_decay)
         self.gradient = gradient
         self.batches = batches
-        self.timing = (
-            build_timing(timing, self.k, seed, **(timing_params or {}))
-            if isinstance(timing, str)
-            else timing
-        )
+        self.per_worker_batches = bool(getattr(batches, "per_worker", False))
+        self.clock: Clock | None = None
+        if cluster is not None and (always_clock or not is_trivial(cluster)):
+            self.clock = Clock(self, cluster, servers, seed, labels, params)
+            self.timing = self.clock.times.base
+        else:
+            self.timing = (
+                build_timing(timing, self.k, seed, **(timing_params or {}))
+                if isinstance(timing, str)
+                else timing
+            )
         self.measure_gap = measure_gap
         self.synchronous = algorithm.synchronous
         if max_staleness is not None and (
@@ -156,7 +201,8 @@ class Simulator:
         self.master = algorithm.master(params, self.k)
         self.workers = algorithm.worker(self.k, d, params.dtype)
         if algorithm.uses_speed:  # Dynamic Local Updates: the timing model's mean speeds
-            for i, speed in enumerate(relative_speeds(self.timing)):
+            times = self.clock.times if self.clock is not None else self.timing
+            for i, speed in enumerate(relative_speeds(times)):
                 self.workers.set_speed(i, speed)
         if params.device.type != "cpu":
             move_tensors(self.master, params.device)
@@ -174,6 +220,12 @@ class Simulator:
         self.pushes = 0  # messages pushed to the master
         self.sim_time = 0.0
         self.log = PushLog()
+        # pulled and not yet pushed: a departure loses the computation
+        self.outstanding = [False] * self.k
+        self.meter = ClassMeter(labels, self.k) if labels is not None else None
+        if self.clock is not None:
+            self.clock.start()
+            return
         for i in range(self.k):
             if self.gate is not None:
                 self.gate.queue(i, 0.0)
@@ -219,8 +271,16 @@ class Simulator:
         """The master's parameters to evaluate."""
         return self.master.params()
 
+    @property
+    def lost(self) -> int:
+        """Computations lost to departures (a cluster's availability)."""
+        return self.clock.lost if self.clock is not None else 0
+
     def step(self) -> None:
-        """Process the next push (or, for a synchronous algorithm, the next round)."""
+        """Process the next push (or, for a synchronous algorithm, the next round; on a
+        cluster, the next event of :class:`~dana.sim.clock.Clock`)."""
+        if self.clock is not None:
+            return self.clock.step()
         if self.bounded:
             return self._step_bounded()
         if self.synchronous:
@@ -235,7 +295,7 @@ class Simulator:
         if self._push(i):
             self._pull(i)
         else:
-            self.batch[i] = self.batches.next()
+            self.batch[i] = self._next_batch(i)
         heapq.heappush(self.queue, (finish + self.timing.sample(i), i))
 
     def run(
@@ -266,10 +326,16 @@ class Simulator:
     def _due(self, i: int) -> list[int]:
         """The workers whose gradients come after worker ``i``'s, in that order: the
         rest of a synchronous round, else the queue by finish time."""
+        size = self.engine.lookahead if self.engine is not None else 1
+        if self.clock is not None:
+            return self.clock.due(i, size)
         if self.synchronous and not self.bounded:
             return list(range(i + 1, self.k))
-        size = self.engine.lookahead if self.engine is not None else 1
         return [j for _, j in heapq.nsmallest(size, self.queue)]
+
+    def _next_batch(self, i: int) -> Any:
+        """Worker ``i``'s next batch: of the shared stream, or of its own."""
+        return self.batches.next_for(i) if self.per_worker_batches else self.batches.next()
 
     def _message(self, i: int, grad: Tensor, lr: float) -> Tensor | None:
         """Worker ``i``'s message for ``grad``, made at ``lr`` (``None``: a local step)."""
@@ -283,6 +349,8 @@ class Simulator:
         staleness = self.updates - self.pulled_at[i]
         message = self._message(i, grad, lr)
         self.steps += 1
+        if self.meter is not None:
+            self.meter.computed(i, self.batch[i])
         if message is None:
             return False
         if self.master.push(i, message, lr):
@@ -291,7 +359,14 @@ class Simulator:
         self.log.append(
             worker=i, staleness=staleness, gap=gap, loss=loss, lr=lr, sim_time=self.sim_time
         )
+        self._pushed(i)
         return True
+
+    def _pushed(self, i: int) -> None:
+        """Worker ``i``'s push was applied: its computation is in."""
+        self.outstanding[i] = False
+        if self.meter is not None:
+            self.meter.applied(i)
 
     # -- bounded staleness (the gate: dana.train.gate) -----------------------------------
     def _step_bounded(self) -> None:
@@ -308,16 +383,17 @@ class Simulator:
                 self.held.append((i, tensor, loss, finish, is_message))
                 return
         if not pushed:  # a local step: compute again, without pulling
-            self.batch[i] = self.batches.next()
+            self.batch[i] = self._next_batch(i)
             heapq.heappush(self.queue, (finish + self.timing.sample(i), i))
             return
         self.gate.pushed(i)
         self.gate.queue(i, finish)
         self._release()
 
-    def _release(self) -> None:
+    def _release(self, start: Callable[[int], None] | None = None) -> None:
         """Apply the held pushes the bound now allows, in the order they were held, then
-        start the waiting workers."""
+        start the waiting workers (``start(i)``: its pull; by default now, its
+        computation queued)."""
         released = True
         while released:
             released = False
@@ -331,6 +407,9 @@ class Simulator:
                     released = True
                     break
         for i in self.gate.release(self.updates, self.sim_time):
+            if start is not None:
+                start(i)
+                continue
             self._pull(i)
             heapq.heappush(self.queue, (self.sim_time + self.timing.sample(i), i))
 
@@ -345,11 +424,16 @@ class Simulator:
         else:
             held = (grad.clone(), loss, False)
         self.steps += 1
+        if self.meter is not None:
+            self.meter.computed(i, self.batch[i])
         return held
 
-    def _apply(self, i: int, held: Tensor, loss: float, is_message: bool) -> None:
-        """Push a held computation of worker ``i`` and log it."""
-        lr = self.lr()
+    def _apply(
+        self, i: int, held: Tensor, loss: float, is_message: bool, lr: float | None = None
+    ) -> None:
+        """Push a held computation of worker ``i`` and log it (``lr``: the rate its
+        message was made at; by default the rate now)."""
+        lr = self.lr() if lr is None else lr
         gap = self._gap(i, lr) if self.measure_gap else math.nan
         staleness = self.updates - self.pulled_at[i]
         if is_message:
@@ -362,11 +446,13 @@ class Simulator:
         self.log.append(
             worker=i, staleness=staleness, gap=gap, loss=loss, lr=lr, sim_time=self.sim_time
         )
+        self._pushed(i)
 
     def _pull(self, i: int) -> None:
         self.master.pull(i, self.lr(), out=self.sent[i])
         self.pulled_at[i] = self.updates
-        self.batch[i] = self.batches.next()
+        self.batch[i] = self._next_batch(i)
+        self.outstanding[i] = True
 
     def _gap(self, i: int, lr: float) -> float:
         """``RMS(theta_now - p_i)`` against the master's true parameters."""
@@ -393,8 +479,11 @@ class Simulator:
             "log": self.log.state_dict(),
             "wait_time": self.wait_time,
             "waits": self.waits,
+            "outstanding": list(self.outstanding),
             **(self._bounded_state() if self.gate is not None else {}),
             **({"engine": self.engine.state_dict()} if self.engine is not None else {}),
+            **({"meter": self.meter.state_dict()} if self.meter is not None else {}),
+            **({"clock": self.clock.state_dict()} if self.clock is not None else {}),
         }
 
     def _bounded_state(self) -> dict[str, Any]:
@@ -427,6 +516,11 @@ class Simulator:
         self.timing.load_state_dict(state["timing"])
         self.batches.load_state_dict(state["batches"])
         self.log.load_state_dict(state["log"])
+        self.outstanding = [bool(x) for x in state.get("outstanding", [True] * self.k)]
+        if self.meter is not None and "meter" in state:
+            self.meter.load_state_dict(state["meter"])
+        if self.clock is not None:
+            self.clock.load_state_dict(state["clock"])
         if self.engine is not None:  # (no pending gradients: they are computed again)
             self.engine.load_state_dict(state.get("engine", {}), self.sent.device)
         if self.gate is not None:

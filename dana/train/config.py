@@ -29,6 +29,9 @@ from dana import algorithms
 from dana.algorithms.base import Algorithm
 from dana.errors import ConfigError
 from dana.train.backends import RUNNERS
+from dana.train.cluster import check_workers as check_cluster_workers
+from dana.train.cluster import resolve_cluster, timing_of
+from dana.train.partition import parse_partition
 from dana.train.timing import TIMING_MODELS
 
 BACKENDS = tuple(RUNNERS)
@@ -68,6 +71,10 @@ class TrainConfig:
     lr_scaling: str = "none"
     timing: str = "gamma"
     timing_params: dict[str, Any] = field(default_factory=dict)
+    # The cluster model (a preset name or a file, resolved by validate() into the model
+    # itself, which config.json keeps: dana.train.cluster); None: compute time only.
+    cluster: str | dict[str, Any] | None = None
+    partition: str = "iid"
     max_staleness: int | None = None
     algorithm_params: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
@@ -194,6 +201,13 @@ class TrainConfig:
                 "into shards; use --servers 1"
             )
         _check_algorithm_params(self.algorithm, self.algorithm_params)
+        self._check_cluster()
+        kind, _ = parse_partition(self.partition)
+        if kind != "iid" and self.backend != "sim":
+            raise ConfigError(
+                f"--partition {self.partition}: data per worker is simulated only for now "
+                "(--backend sim); the Ray workers draw from one shared stream (--partition iid)"
+            )
         if self.device == "cuda":
             from dana.train.device import check_cuda
 
@@ -206,6 +220,23 @@ class TrainConfig:
                 "--timing heterogeneous or trace), or set dynamic_steps to false"
             )
         return self
+
+    def _check_cluster(self) -> None:
+        """Resolve ``cluster`` (a preset name or a file) into the model it names, check
+        it, and set ``timing`` and ``timing_params`` to its compute model's (a cluster
+        without one takes them: dana.train.cluster.resolve_cluster)."""
+        if self.cluster is None:
+            return
+        given = self.timing != TrainConfig.timing or bool(self.timing_params)
+        self.cluster = resolve_cluster(self.cluster, self.timing, self.timing_params, given)
+        self.timing, self.timing_params = timing_of(self.cluster)
+        check_cluster_workers(self.cluster, self.workers)
+        if self.backend != "sim":
+            raise ConfigError(
+                f"--cluster {self.cluster['name']}: a cluster model is simulated (--backend "
+                "sim); a Ray run is a cluster of its own (emulate step times with --timing "
+                "and --time-scale)"
+            )
 
     def build_algorithm(self) -> Algorithm:
         """The run's algorithm, built from ``algorithm`` and :meth:`algorithm_hparams`
@@ -249,7 +280,7 @@ class Rule:
     optional: bool = False
 
     def check(self, name: str, value: Any) -> None:
-        if value is None and self.optional:
+        if value is None and self.optional or self.kind is object:
             return
         flag = "--" + name.replace("_", "-")
         if self.kind is bool:
@@ -347,6 +378,8 @@ SCHEMA: dict[str, Rule] = {
     "lr_scaling": Rule(str, choices=LR_SCALINGS),
     "timing": Rule(str, choices=tuple(TIMING_MODELS)),
     "timing_params": Rule(dict),
+    "cluster": Rule(object, optional=True),  # resolved and checked by its own parser
+    "partition": Rule(str),  # parsed in validate (iid, dirichlet:ALPHA, shards:N)
     "max_staleness": Rule(int, low=0, optional=True),
     "algorithm_params": Rule(dict),
     "seed": Rule(int, low=0, high=MAX_SEED),

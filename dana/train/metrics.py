@@ -77,9 +77,12 @@ def summarize(
     wall_seconds: float,
     end: Position,
     wait_time: float = 0.0,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The figures of ``summary.json``: ``log`` is the whole push log, ``end`` where the
-    run stopped, ``wait_time`` the time workers waited for the staleness bound."""
+    run stopped, ``wait_time`` the time workers waited for the staleness bound, ``extra``
+    what a runner adds (the simulator: its cluster's departures and lost computations,
+    and the classes behind the applied pushes)."""
     errors = [r["test_error"] for r in rows if math.isfinite(r["test_error"])]
     last = rows[-1]
     staleness = log["staleness"]
@@ -104,4 +107,5 @@ def summarize(
         "max_staleness": int(staleness.max()) if len(staleness) else 0,
         "wait_time": float(wait_time),
         "wall_seconds": wall_seconds,
+        **(extra or {}),
     }

@@ -118,7 +118,30 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
         str,
         "none, or linear: the peak rate is lr*k, warmed up from lr (Goyal et al. 2017)",
     ),
-    ("--timing", "timing", str, "timing model: constant, gamma, heterogeneous or trace"),
+    (
+        "--timing",
+        "timing",
+        str,
+        "timing model of each step, in ms: constant, gamma, lognormal, pareto, "
+        "heterogeneous or trace",
+    ),
+    (
+        "--cluster",
+        "cluster",
+        str,
+        "the simulated cluster: a preset (datacenter, cloud, geo) or a YAML file of its "
+        "compute, network and availability (docs/ALGORITHMS.md, 'The clock, exactly as "
+        "simulated'); config.json keeps the model itself. Its compute model replaces --timing",
+        {"metavar": "FILE_OR_PRESET", "default_help": "none: compute time only, free messages"},
+    ),
+    (
+        "--partition",
+        "partition",
+        str,
+        "data per worker: iid (one shared stream), dirichlet:ALPHA (each class split over "
+        "the workers in Dirichlet(ALPHA) shares) or shards:N (N label-sorted shards per "
+        "worker)",
+    ),
     (
         "--max-staleness",
         "max_staleness",
@@ -151,7 +174,13 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
     ),
     ("--backend", "backend", str, "sim (the simulator) or ray (real workers on Ray)"),
     ("--address", "address", str, "with --backend ray: the address of a running Ray cluster"),
-    ("--servers", "servers", int, "with --backend ray: parameter-server shards"),
+    (
+        "--servers",
+        "servers",
+        int,
+        "parameter-server shards: with --backend ray the server actors; in the simulator "
+        "with --cluster, the shards' links the messages are split over",
+    ),
     (
         "--no-standby",
         "standby",
@@ -225,7 +254,14 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
 TIMING_OPTIONS = [
     ("--timing-shape", "shape", float, "gamma: shape (default 100)"),
     ("--timing-scale", "scale", float, "gamma: scale (default 1.28)"),
-    ("--timing-mean", "mean", float, "heterogeneous: mean step time (default 128)"),
+    (
+        "--timing-mean",
+        "mean",
+        float,
+        "heterogeneous, lognormal, pareto: mean step time (default 128)",
+    ),
+    ("--timing-cv", "cv", float, "lognormal: coefficient of variation (default 0.1)"),
+    ("--timing-alpha", "alpha", float, "pareto: tail index > 1 (default 3)"),
     (
         "--timing-machine-cv",
         "machine_cv",
