@@ -81,7 +81,8 @@ class NagAsgd(Algorithm):
 
 
 class MultiAsgdMaster(MasterRule):
-    """Multi-ASGD's master: one momentum per worker, ``v_i = m*v_i + g; theta -= lr*v_i``
+    """Multi-ASGD's master (a baseline of Hakimi et al., arXiv 1907.11612): one heavy-ball
+    momentum per worker (Polyak 1964), ``v_i = m*v_i + g; theta -= lr*v_i``
     (:func:`~dana.algorithms.functional.momentum_step`); pulls send ``theta``."""
 
     state_keys = ("theta", "v")

@@ -45,7 +45,7 @@ from dana.algorithms.base import (
     check_nonnegative,
     per_worker_zeros,
 )
-from dana.algorithms.functional import delay_compensate, nesterov_pull
+from dana.algorithms.functional import delay_compensate, momentum_sum, nesterov_pull
 from dana.algorithms.gap_aware import GapPenalty
 
 
@@ -75,8 +75,8 @@ class DanaZeroMaster(MasterRule):
             message.split(BLOCK),
             self.theta.split(BLOCK),
         ):
-            S.add_(v, alpha=m - 1.0).add_(g)
-            torch.add(g, v, alpha=m, out=v)
+            momentum_sum(S, v, g, m)
+            torch.add(g, v, alpha=m, out=v)  # v = m*v + g, fused (one rounding)
             theta.add_(v, alpha=-lr)
         return True
 
@@ -127,8 +127,8 @@ class DanaSlimWorkers(WorkerRule):
         S_blocks = self.S.split(BLOCK) if self.S is not None else (None,) * len(v_blocks)
         for v, g, S in zip(v_blocks, g_blocks, S_blocks):
             if S is not None:
-                S.add_(v, alpha=m - 1.0).add_(g)
-            torch.add(g, v, alpha=m, out=v)
+                momentum_sum(S, v, g, m)
+            torch.add(g, v, alpha=m, out=v)  # v = m*v + g, fused (one rounding)
             g.add_(v, alpha=m)
         return grad
 

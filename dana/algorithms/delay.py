@@ -74,6 +74,10 @@ def delay_adaptive_scale(staleness: int, concurrency: int) -> float:
 
 
 class RingmasterMaster(CountsUpdates, MasterRule):
+    """Ringmaster ASGD's master (Maranjyan, Tyurin, Richtarik, ICML 2025): a push of delay
+    ``s < R`` takes the step ``theta -= lr*g``; one of delay ``s >= R`` is dropped (not
+    an update); ``R = 2k`` unless given. Pulls send ``theta``."""
+
     state_keys = ("theta", "pulled_at", "updates", "dropped")
 
     def __init__(self, params: Tensor, workers: int, R: int | None):
@@ -107,6 +111,11 @@ class RingmasterAsgd(Algorithm):
 
 
 class DelayAdaptiveMaster(CountsUpdates, MasterRule):
+    """The delay-adaptive master (Mishchenko, Bach, Even, Woodworth, NeurIPS 2022): a push
+    of delay ``s`` takes the step ``theta -= lr*min(1, C/s)*g``
+    (:func:`delay_adaptive_scale`), ``C`` the concurrency (``k`` unless given). Pulls
+    send ``theta``."""
+
     state_keys = ("theta", "pulled_at", "updates")
 
     def __init__(self, params: Tensor, workers: int, concurrency: int | None):

@@ -62,6 +62,7 @@ from dana.algorithms.base import (
     check_workers,
     per_worker_zeros,
 )
+from dana.algorithms.functional import momentum_update
 
 
 class ElasticMaster(MasterRule):
@@ -126,7 +127,7 @@ class ElasticWorkers(WorkerRule):
         x.add_(v, alpha=-m)
         if e is not None:
             x.sub_(e)
-        v.mul_(m).add_(grad, alpha=-self.lr)
+        momentum_update(v, grad, m, -self.lr)
         x.add_(v, alpha=1 + m)
         return e
 

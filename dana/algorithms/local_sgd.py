@@ -84,12 +84,23 @@ from dana.algorithms.base import (
     per_worker_zeros,
 )
 from dana.algorithms.delay import check_threshold
+from dana.algorithms.functional import (
+    momentum_step,
+    momentum_sum,
+    momentum_update,
+    nesterov_pull,
+)
 
 INNER = ("sgd", "adamw")
 
 
 class LocalWorkers(WorkerRule):
-    """Workers that take ``H`` inner-optimizer steps from each pull, then push ``p - x_i``."""
+    """Asynchronous Local-SGD's workers (Liu et al. 2024; DiLoCo, Douillard et al. 2023):
+    from the parameters ``p`` of each pull, ``H`` steps of the inner optimizer on the
+    worker's own ``x_i`` (SGD with momentum, ``u_i = m*u_i + g; x_i -= lr*u_i``:
+    :func:`~dana.algorithms.functional.momentum_step`; or AdamW), then the outer gradient
+    ``Delta = p - x_i`` as the message; the ``H - 1`` steps before it are local steps.
+    ``dynamic``: ``H_i = max(1, floor(H*s_i))`` for relative speed ``s_i`` (DyLU)."""
 
     state_keys = ("x", "u", "s", "t", "n")
     local_steps = True
@@ -152,12 +163,9 @@ class LocalWorkers(WorkerRule):
             x.mul_(1.0 - lr * self.inner_decay)
         if self.inner == "adamw":
             self._adam_step(worker, x, grad, lr)
-        elif self.u is None:
-            x.add_(grad, alpha=-lr)
         else:
-            u = self.u[worker]
-            u.mul_(self.momentum).add_(grad)
-            x.add_(u, alpha=-lr)
+            u = None if self.u is None else self.u[worker]
+            momentum_step(x, u, grad, self.momentum, lr)
         t = int(self.t[worker]) + 1
         if t < self.steps[worker]:
             self.t[worker] = t
@@ -170,13 +178,16 @@ class LocalWorkers(WorkerRule):
         n = int(self.n[worker]) + 1
         self.n[worker] = n
         m, v = self.u[worker], self.s[worker]
-        m.mul_(b1).add_(g, alpha=1.0 - b1)
+        momentum_update(m, g, b1, 1.0 - b1)
         v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
         denom = torch.div(v, 1.0 - b2**n, out=self._scratch).sqrt_().add_(self.eps)
         x.addcdiv_(m, denom, value=-lr / (1.0 - b1**n))
 
 
 class OuterSgdMaster(MasterRule):
+    """Asynchronous Local-SGD's plain outer step (Liu et al. 2024): each outer gradient
+    at the master's own rate, ``theta -= outer_lr*Delta``. Pulls send ``theta``."""
+
     def __init__(self, params: Tensor, workers: int, outer_lr: float):
         super().__init__(params, workers)
         self.outer_lr = outer_lr
@@ -187,7 +198,13 @@ class OuterSgdMaster(MasterRule):
 
 
 class DelayedNesterovMaster(MasterRule):
-    """Delayed Nesterov over outer gradients (``period = 1``: Nesterov)."""
+    """Delayed Nesterov over outer gradients (Liu et al. 2024; utnslab/halos): the outer
+    momentum is updated every ``N = period`` pushes, ``v = mu*v + (sum of their
+    Deltas)/N`` (:func:`~dana.algorithms.functional.momentum_update`), and each push
+    applies ``theta -= outer_lr*(c*mu*v + Delta/N)`` (the ``N``-th:
+    ``outer_lr*((1 - c*N + c)*mu*v + Delta/N)``). ``period = 1``: DiLoCo's outer
+    Nesterov (Douillard et al. 2023), ``v = mu*v + Delta; theta -= outer_lr*(Delta +
+    mu*v)``. Pulls send ``theta``."""
 
     state_keys = ("theta", "v", "acc", "pushes")
 
@@ -213,7 +230,7 @@ class DelayedNesterovMaster(MasterRule):
         if self.acc is not None:
             self.acc.add_(message)
         if self.pushes % N == 0:
-            self.v.mul_(mu).add_(message if self.acc is None else self.acc, alpha=1.0 / N)
+            momentum_update(self.v, message if self.acc is None else self.acc, mu, 1.0 / N)
             self.theta.add_(self.v, alpha=-eta * (1.0 - c * N + c) * mu)
             if self.acc is not None:
                 self.acc.zero_()
@@ -224,7 +241,12 @@ class DelayedNesterovMaster(MasterRule):
 
 
 class DanaLocalMaster(MasterRule):
-    """Outer momenta per worker and their sum; pulls at ``theta - outer_lr*mu*S``."""
+    """DANA-Local's master: DANA-Zero's rule (Hakimi et al., arXiv 1907.11612) on the outer
+    step of asynchronous Local-SGD (Liu et al. 2024). An outer momentum per worker,
+    ``v_i = mu*v_i + Delta; theta -= outer_lr*v_i``
+    (:func:`~dana.algorithms.functional.momentum_step`), their sum ``S`` kept current
+    (:func:`~dana.algorithms.functional.momentum_sum`); a pull sends
+    ``theta - outer_lr*mu*S`` (:func:`~dana.algorithms.functional.nesterov_pull`)."""
 
     state_keys = ("theta", "v", "S")
 
@@ -235,13 +257,12 @@ class DanaLocalMaster(MasterRule):
         self.S = torch.zeros_like(self.theta)
 
     def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
-        return torch.add(self.theta, self.S, alpha=-self.outer_lr * self.mu, out=out)
+        return nesterov_pull(self.theta, self.S, self.outer_lr, self.mu, out)
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         v = self.v[worker]
-        self.S.add_(v, alpha=self.mu - 1.0).add_(message)  # S += v_new - v_old
-        v.mul_(self.mu).add_(message)
-        self.theta.add_(v, alpha=-self.outer_lr)
+        momentum_sum(self.S, v, message, self.mu)
+        momentum_step(self.theta, v, message, self.mu, self.outer_lr)
         return True
 
 

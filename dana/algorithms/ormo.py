@@ -46,6 +46,12 @@ from dana.algorithms.delay import CountsUpdates, check_threshold, delay_adaptive
 
 
 class OrMoMaster(CountsUpdates, MasterRule):
+    """OrMo's master (Shi, Yang, Li, NeurIPS 2024): a push of delay ``s`` catches up the
+    steps it missed, ``theta -= lr*(1 - m**s)/(1 - m)*g``, enters the momentum with the
+    weight it has now, ``u += m**s*lr*g``, then ``theta -= u; u *= m``. With
+    ``concurrency`` (``ormo-da``) the rate is ``lr*min(1, C/s)`` (Mishchenko et al.,
+    NeurIPS 2022). Pulls send ``theta``."""
+
     state_keys = ("theta", "u", "pulled_at", "updates")
 
     def __init__(

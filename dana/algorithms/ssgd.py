@@ -26,8 +26,9 @@ from dana.algorithms.functional import momentum_step, nesterov_pull
 
 
 class SsgdMaster(MasterRule):
-    """SSGD's master: sums the ``k`` gradients of a round, then one momentum step with
-    their mean, ``v = m*v + mean(g); theta -= lr*v``
+    """SSGD's master (synchronous data-parallel SGD, as in Goyal et al. 2017): sums the
+    ``k`` gradients of a round, then one momentum step with their mean,
+    ``v = m*v + mean(g); theta -= lr*v``
     (:func:`~dana.algorithms.functional.momentum_step`); ``nesterov``: pulls send
     ``theta - lr*m*v`` (:func:`~dana.algorithms.functional.nesterov_pull`)."""
 

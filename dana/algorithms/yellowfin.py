@@ -55,6 +55,7 @@ import torch
 from torch import Tensor
 
 from dana.algorithms.base import Algorithm, MasterRule, check_positive
+from dana.algorithms.functional import momentum_update
 
 #: Floor of the curvature and variance estimates (avoids dividing by zero).
 EPS = 1e-12
@@ -162,7 +163,7 @@ class YellowFinMaster(MasterRule):
             self.alpha = float(lr)
         mu = self.mu if self.gamma is None else self.mu_alg
         alpha = self.alpha
-        self.delta.mul_(mu).add_(message, alpha=-alpha)
+        momentum_update(self.delta, message, mu, -alpha)  # delta = mu*delta - alpha*g
         self.theta.add_(self.delta)
         if self.gamma is not None:
             waiting = self.pending.nonzero().flatten()
@@ -187,7 +188,7 @@ class YellowFinMaster(MasterRule):
         seen = self.window[: min(self.n, len(self.window))]
         self.hmin_avg = beta * self.hmin_avg + (1 - beta) * float(seen.min())
         self.hmax_avg = beta * self.hmax_avg + (1 - beta) * float(seen.max())
-        self.g_avg.mul_(beta).add_(g, alpha=1 - beta)
+        momentum_update(self.g_avg, g, beta, 1 - beta)  # the moving average of g
         self.sq_avg = beta * self.sq_avg + (1 - beta) * h
         self.norm_avg = beta * self.norm_avg + (1 - beta) * math.sqrt(h)
         bias = 1 - beta**self.n
