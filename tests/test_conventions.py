@@ -1,5 +1,7 @@
 """The conventions every algorithm keeps (docs/ARCHITECTURE.md, "A new algorithm").
 
+- Its hyper-parameters are data: the fields of a frozen dataclass (type and default),
+  validated in ``__post_init__``; everything that lists or types them reads the fields.
 - Each master and worker rule has a docstring that states its rule and its reference.
 - The arithmetic the functional core (``dana/algorithms/functional.py``) writes once is
   not written again in a rule module: the momentum update ``v.mul_(m).add_(g)``, the
@@ -10,13 +12,18 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import pkgutil
 import re
 from pathlib import Path
 
+import pytest
+
 import dana.algorithms as A
-from dana.algorithms.base import MasterRule, WorkerRule
+from dana.algorithms.base import Algorithm, MasterRule, WorkerRule
+from dana.errors import ConfigError
+from dana.train.config import TrainConfig
 
 RULE_MODULES = sorted(
     Path(A.__file__).parent / f"{m.name}.py"
@@ -25,6 +32,57 @@ RULE_MODULES = sorted(
 )
 #: A reference names its year (a paper's, or an arXiv number's, which starts with it).
 REFERENCE = re.compile(r"\b(19|20)\d\d\b")
+
+
+# -- hyper-parameters as data ---------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(A.ALGORITHMS))
+def test_hparams_are_the_fields_of_a_frozen_dataclass(name):
+    cls = A.get(name)
+    assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    assert A.hparam_names(name) == list(fields)
+    assert A.hparam_defaults(name) == A.build(name).hparams()
+    assert set(A.hparam_types(name)) == set(fields)
+    # No class attribute of Algorithm (name, elementwise, ...) was made a field, and no
+    # field was declared without the decorator (it would be a plain class attribute).
+    assert not set(fields) & set(Algorithm.__annotations__)
+    for klass in cls.__mro__:
+        declared = {
+            key
+            for key, kind in vars(klass).get("__annotations__", {}).items()
+            if "ClassVar" not in str(kind)
+        }
+        assert declared <= set(fields), (klass.__name__, declared - set(fields))
+    algorithm = A.build(name)
+    for key in fields:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(algorithm, key, getattr(algorithm, key))
+    assert A.build(name) == algorithm and hash(A.build(name)) == hash(algorithm)
+
+
+def test_a_variant_redeclares_one_default():
+    nesterov, dana_local = A.hparam_defaults("local-nesterov"), A.hparam_defaults("dana-local")
+    assert {k for k in nesterov if nesterov[k] != dana_local[k]} == {"outer_lr"}
+    assert A.build("local-nesterov").outer_lr == 0.7
+    assert repr(A.build("dana-slim", momentum=0)) == "DanaSlim(momentum=0.0)"  # normalised
+
+
+def test_the_config_types_hparams_from_the_fields():
+    assert A.hparam_types("ssgd") == {"momentum": float, "nesterov": bool}
+    assert A.hparam_types("local-dn")["period"] == int | None
+
+    def check(name, **params):
+        TrainConfig(algorithm=name, algorithm_params=params).validate()
+
+    with pytest.raises(ConfigError, match="smega2: hyper-parameter advanced must be true or"):
+        check("smega2", advanced="yes")
+    with pytest.raises(ConfigError, match="hyper-parameter local_steps must be a number"):
+        check("local-sgd", local_steps="4")
+    with pytest.raises(ConfigError, match="hyper-parameter lc must be a number"):
+        check("dc-asgd", lc=float("nan"))
+    with pytest.raises(ConfigError, match=r"period must be an integer >= 1 .*'2'"):
+        check("local-dn", period="2")  # int | None: the algorithm's own check says it
+    check("local-dn", period=2, c=1, dynamic_steps=True)
 
 
 # -- rules: their docstrings, and the functional core ---------------------------------------

@@ -69,16 +69,17 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from dana.algorithms.base import (
-    Algorithm,
     MasterRule,
+    MomentumAlgorithm,
     WorkerRule,
-    check_momentum,
+    check_decay,
     check_nonnegative,
     check_positive,
     per_worker_zeros,
@@ -279,61 +280,56 @@ def check_local_steps(H: int) -> int:
     return H
 
 
-def check_decay(name: str, value: float) -> float:
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-    return float(value)
+@dataclass(frozen=True, kw_only=True)
+class LocalAlgorithm(MomentumAlgorithm):
+    """The hyper-parameters of every outer rule: the inner optimizer's and ``outer_lr``.
 
-
-class LocalAlgorithm(Algorithm):
-    """The inner optimizer's hyper-parameters, shared by every outer optimizer."""
+    ``momentum`` is the method's momentum: here the inner optimizer's (``local-sgd`` has
+    no outer momentum); :class:`OuterMomentumAlgorithm` makes it the outer one.
+    """
 
     worker_rule = LocalWorkers
-    #: The hyper-parameters the master rule takes.
-    outer_keys: ClassVar[tuple[str, ...]] = ("outer_lr",)
 
-    def __init__(
-        self,
-        momentum: float,
-        local_steps: int,
-        inner: str,
-        inner_momentum: float,
-        outer_lr: float,
-        beta1: float,
-        beta2: float,
-        eps: float,
-        inner_decay: float,
-        dynamic_steps: bool = False,
-    ) -> None:
-        """The one constructor of the outer rules: checks and keeps the hyper-parameters
-        they share (each subclass's signature states its own defaults)."""
-        self.momentum = check_momentum(momentum)
-        self.local_steps = check_local_steps(local_steps)
-        if not isinstance(dynamic_steps, bool):
-            raise ValueError(f"dynamic_steps must be true or false, got {dynamic_steps!r}")
-        self.dynamic_steps = dynamic_steps
-        if inner not in INNER:
-            raise ValueError(f"inner must be one of {', '.join(INNER)}, got {inner!r}")
-        self.inner = inner
-        self.inner_momentum = check_decay("inner_momentum", inner_momentum)
-        self.beta1 = check_decay("beta1", beta1)
-        self.beta2 = check_decay("beta2", beta2)
-        self.eps = check_positive("eps", eps)
-        self.inner_decay = check_nonnegative("inner_decay", inner_decay)
-        self.outer_lr = check_positive("outer_lr", outer_lr)
+    local_steps: int = 10  # H
+    inner: str = "sgd"  # or "adamw"
+    outer_lr: float = 1.0
+    beta1: float = 0.9  # AdamW's
+    beta2: float = 0.999  # AdamW's
+    eps: float = 1e-8  # AdamW's
+    inner_decay: float = 0.0  # decoupled: x_i *= 1 - lr*inner_decay
+    dynamic_steps: bool = False  # DyLU: H_i = max(1, floor(H*s_i))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_local_steps(self.local_steps)
+        if not isinstance(self.dynamic_steps, bool):
+            raise ValueError(f"dynamic_steps must be true or false, got {self.dynamic_steps!r}")
+        if self.inner not in INNER:
+            raise ValueError(f"inner must be one of {', '.join(INNER)}, got {self.inner!r}")
+        self._set(
+            beta1=check_decay("beta1", self.beta1),
+            beta2=check_decay("beta2", self.beta2),
+            eps=check_positive("eps", self.eps),
+            inner_decay=check_nonnegative("inner_decay", self.inner_decay),
+            outer_lr=check_positive("outer_lr", self.outer_lr),
+        )
 
     @property
     def uses_speed(self) -> bool:  # type: ignore[override]
         return self.dynamic_steps
 
-    def master(self, params: Tensor, workers: int) -> MasterRule:
-        return self.master_rule(params, workers, **{k: getattr(self, k) for k in self.outer_keys})
+    def _master_hparams(self) -> dict[str, Any]:
+        return {"outer_lr": self.outer_lr}
+
+    def _inner_momentum(self) -> float:
+        """The inner SGD's momentum: ``local-sgd``'s is its ``momentum``."""
+        return self.momentum
 
     def _worker_hparams(self) -> dict[str, Any]:
         return {
             "H": self.local_steps,
             "inner": self.inner,
-            "momentum": self.beta1 if self.inner == "adamw" else self.inner_momentum,
+            "momentum": self.beta1 if self.inner == "adamw" else self._inner_momentum(),
             "beta2": self.beta2,
             "eps": self.eps,
             "inner_decay": self.inner_decay,
@@ -351,143 +347,59 @@ class LocalSgd(LocalAlgorithm):
     summary = "async Local-SGD: H inner momentum-SGD steps per push, theta -= outer_lr*Delta"
     master_rule = OuterSgdMaster
 
-    def __init__(
-        self,
-        momentum: float = 0.9,
-        local_steps: int = 10,
-        inner: str = "sgd",
-        outer_lr: float = 1.0,
-        beta1: float = 0.9,
-        beta2: float = 0.999,
-        eps: float = 1e-8,
-        inner_decay: float = 0.0,
-        dynamic_steps: bool = False,
-    ):
-        super().__init__(
-            momentum,
-            local_steps,
-            inner,
-            momentum,
-            outer_lr,
-            beta1,
-            beta2,
-            eps,
-            inner_decay,
-            dynamic_steps,
-        )
 
-    def hparams(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if k != "inner_momentum"}
-
-
+@dataclass(frozen=True, kw_only=True)
 class OuterMomentumAlgorithm(LocalAlgorithm):
     """Local-SGD whose outer optimizer has the momentum ``momentum`` (``mu``); the inner
     optimizer's is ``inner_momentum`` (0: plain SGD)."""
 
-    outer_keys = ("outer_lr", "momentum")
+    inner_momentum: float = 0.0
 
-    def __init__(
-        self,
-        momentum: float = 0.9,
-        local_steps: int = 10,
-        inner: str = "sgd",
-        inner_momentum: float = 0.0,
-        outer_lr: float = 1.0,
-        beta1: float = 0.9,
-        beta2: float = 0.999,
-        eps: float = 1e-8,
-        inner_decay: float = 0.0,
-        dynamic_steps: bool = False,
-    ):
-        super().__init__(
-            momentum,
-            local_steps,
-            inner,
-            inner_momentum,
-            outer_lr,
-            beta1,
-            beta2,
-            eps,
-            inner_decay,
-            dynamic_steps,
-        )
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set(inner_momentum=check_decay("inner_momentum", self.inner_momentum))
+
+    def _master_hparams(self) -> dict[str, Any]:
+        return {"outer_lr": self.outer_lr, "momentum": self.momentum}
+
+    def _inner_momentum(self) -> float:
+        return self.inner_momentum
 
 
+@dataclass(frozen=True, kw_only=True)
 class LocalNesterov(OuterMomentumAlgorithm):
     """Asynchronous Local-SGD with DiLoCo's outer Nesterov momentum (``outer_lr = 0.7``)."""
 
     name = "local-nesterov"
     summary = "async Local-SGD with DiLoCo's outer Nesterov step (outer_lr 0.7, mu 0.9)"
     master_rule = DelayedNesterovMaster
-    outer_keys = ("outer_lr", "momentum", "period", "c")
-    period, c = 1, 0.0
 
-    def __init__(
-        self,
-        momentum: float = 0.9,
-        local_steps: int = 10,
-        inner: str = "sgd",
-        inner_momentum: float = 0.0,
-        outer_lr: float = 0.7,
-        beta1: float = 0.9,
-        beta2: float = 0.999,
-        eps: float = 1e-8,
-        inner_decay: float = 0.0,
-        dynamic_steps: bool = False,
-    ):
-        super().__init__(
-            momentum,
-            local_steps,
-            inner,
-            inner_momentum,
-            outer_lr,
-            beta1,
-            beta2,
-            eps,
-            inner_decay,
-            dynamic_steps,
-        )
+    outer_lr: float = 0.7  # DiLoCo's
+
+    def _master_hparams(self) -> dict[str, Any]:
+        return {**super()._master_hparams(), "period": 1, "c": 0.0}
 
 
+@dataclass(frozen=True, kw_only=True)
 class LocalDelayedNesterov(OuterMomentumAlgorithm):
     """Asynchronous Local-SGD with the Delayed Nesterov outer step."""
 
     name = "local-dn"
     summary = "async Local-SGD, Delayed Nesterov outer step: momentum updated every N = k pushes"
     master_rule = DelayedNesterovMaster
-    outer_keys = ("outer_lr", "momentum", "period", "c")
 
-    def __init__(
-        self,
-        momentum: float = 0.9,
-        local_steps: int = 10,
-        inner: str = "sgd",
-        inner_momentum: float = 0.0,
-        outer_lr: float = 1.0,
-        period: int | None = None,
-        c: float = 0.0,
-        beta1: float = 0.9,
-        beta2: float = 0.999,
-        eps: float = 1e-8,
-        inner_decay: float = 0.0,
-        dynamic_steps: bool = False,
-    ):
-        super().__init__(
-            momentum,
-            local_steps,
-            inner,
-            inner_momentum,
-            outer_lr,
-            beta1,
-            beta2,
-            eps,
-            inner_decay,
-            dynamic_steps,
-        )
-        self.period = check_threshold("period", period)
-        if not 0.0 <= c <= 1.0:
-            raise ValueError(f"c must be in [0, 1], got {c!r}")
-        self.c = float(c)
+    period: int | None = None  # N; None: k
+    c: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_threshold("period", self.period)
+        if not 0.0 <= self.c <= 1.0:
+            raise ValueError(f"c must be in [0, 1], got {self.c!r}")
+        self._set(c=float(self.c))
+
+    def _master_hparams(self) -> dict[str, Any]:
+        return {**super()._master_hparams(), "period": self.period, "c": self.c}
 
 
 class DanaLocal(OuterMomentumAlgorithm):

@@ -26,10 +26,12 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm, MasterRule, check_momentum
+from dana.algorithms.base import MasterRule, MomentumAlgorithm
 from dana.algorithms.delay import CountsUpdates
 from dana.algorithms.functional import momentum_step, nesterov_pull
 
@@ -62,17 +64,18 @@ class LwpMaster(CountsUpdates, MasterRule):
         return True
 
 
-class LwpAsgd(Algorithm):
+@dataclass(frozen=True, kw_only=True)
+class LwpAsgd(MomentumAlgorithm):
     """Momentum ASGD whose pulls send the linear prediction ``theta - lr*D*v``."""
 
     name = "lwp-asgd"
     summary = "momentum ASGD, pull at the linear prediction theta - lr*D*v (D: the delay)"
     master_rule = LwpMaster
 
-    def __init__(self, momentum: float = 0.9, horizon: int | None = None):
-        self.momentum = check_momentum(momentum)
-        if horizon is not None and (
-            isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0
-        ):
-            raise ValueError(f"horizon must be an integer >= 0 (or None), got {horizon!r}")
-        self.horizon = horizon
+    horizon: int | None = None  # None: the worker's last delay
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        h = self.horizon
+        if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 0):
+            raise ValueError(f"horizon must be an integer >= 0 (or None), got {h!r}")

@@ -31,10 +31,12 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm, MasterRule, check_momentum
+from dana.algorithms.base import MasterRule, MomentumAlgorithm
 from dana.algorithms.delay import check_threshold
 from dana.algorithms.functional import momentum_update, nesterov_pull
 
@@ -80,14 +82,18 @@ class Smega2Master(MasterRule):
         return True
 
 
-class Smega2(Algorithm):
+@dataclass(frozen=True, kw_only=True)
+class Smega2(MomentumAlgorithm):
     """One master momentum updated once per cycle of ``N`` pushes; pulls see its estimate."""
 
     name = "smega2"
     summary = "one momentum updated every N = k pushes; pulls see the estimate N pushes ahead"
     master_rule = Smega2Master
 
-    def __init__(self, momentum: float = 0.9, cycle: int | None = None, advanced: bool = True):
-        self.momentum = check_momentum(momentum)
-        self.cycle = check_threshold("cycle", cycle)
-        self.advanced = bool(advanced)
+    cycle: int | None = None  # None: k
+    advanced: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_threshold("cycle", self.cycle)
+        self._set(advanced=bool(self.advanced))

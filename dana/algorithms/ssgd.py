@@ -18,10 +18,12 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm, MasterRule
+from dana.algorithms.base import MasterRule, MomentumAlgorithm
 from dana.algorithms.functional import momentum_step, nesterov_pull
 
 
@@ -57,7 +59,8 @@ class SsgdMaster(MasterRule):
         return True
 
 
-class Ssgd(Algorithm):
+@dataclass(frozen=True, kw_only=True)
+class Ssgd(MomentumAlgorithm):
     """Synchronous SGD: one averaged momentum step per round of ``k`` gradients."""
 
     name = "ssgd"
@@ -65,6 +68,8 @@ class Ssgd(Algorithm):
     synchronous = True
     master_rule = SsgdMaster
 
-    def __init__(self, momentum: float = 0.9, nesterov: bool = False):
-        super().__init__(momentum)
-        self.nesterov = bool(nesterov)
+    nesterov: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set(nesterov=bool(self.nesterov))
