@@ -11,7 +11,8 @@ Example::
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
+import typing
 from typing import Any
 
 from dana.algorithms.asgd import Asgd, MultiAsgd, NagAsgd
@@ -81,8 +82,21 @@ def get(name: str) -> type[Algorithm]:
 
 
 def hparam_names(name: str) -> list[str]:
-    """The hyper-parameters ``name``'s constructor accepts."""
-    return [p for p in inspect.signature(get(name).__init__).parameters if p != "self"]
+    """The hyper-parameters of ``name``: its dataclass fields, in order."""
+    return [f.name for f in dataclasses.fields(get(name))]
+
+
+def hparam_defaults(name: str) -> dict[str, Any]:
+    """Each hyper-parameter of ``name`` and its default value."""
+    return {f.name: f.default for f in dataclasses.fields(get(name))}
+
+
+def hparam_types(name: str) -> dict[str, Any]:
+    """Each hyper-parameter of ``name`` and its declared type (``float``, ``int | None``,
+    ...), the field annotations resolved."""
+    cls = get(name)
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
 def build(name: str, **hparams: Any) -> Algorithm:
@@ -104,6 +118,8 @@ __all__ = [
     "WorkerRule",
     "build",
     "get",
+    "hparam_defaults",
     "hparam_names",
+    "hparam_types",
     "register",
 ]
