@@ -447,3 +447,71 @@ def test_sweep_grid_value_with_a_yaml_tag(tmp_path):
     result = dana("sweep", "--grid", "lr=!!python/name:os.system", "--out", str(tmp_path / "s"))
     assert_bad_input(result, "--grid")
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    "text, fragments",
+    [
+        ("network:\n  latency: 5\n", ["network", "no field latency", "latency_ms"]),
+        ("network:\n  bandwidth_gbps: fast\n", ["network.bandwidth_gbps", "a number"]),
+        ("compute:\n  model: gamma\n  mean: 5\n", ["compute", "mean", "shape, scale"]),
+        (
+            "availability:\n  preemptions:\n    - {worker: 7, leave_ms: 10}\n",
+            ["preemptions[0].worker is 7", "2 workers", "--workers"],
+        ),
+        (
+            "availability:\n  preemptions:\n    - {worker: 0, leave_ms: 10}\n"
+            "    - {worker: 1, leave_ms: 20}\n",
+            ["every worker away for good", "rejoin_ms"],
+        ),
+        ("- 1\n- 2\n", ["a cluster file holds a mapping"]),
+        ("network: [\n", ["not valid YAML"]),
+    ],
+    ids=[
+        "unknown-field",
+        "bad-bandwidth",
+        "model-param",
+        "worker-beyond-k",
+        "all-gone",
+        "not-a-mapping",
+        "bad-yaml",
+    ],  # fmt: skip
+)
+def test_bad_cluster_file(tmp_path, text, fragments):
+    """A bad cluster file: exit 2, the field and the fix named, nothing written."""
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(text)
+    out = tmp_path / "run"
+    assert_bad_input(
+        dana("train", *SMALL, "--cluster", str(cluster), "--out", str(out)), *fragments
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--cluster", "moon"], ["--cluster 'moon'", "datacenter"]),
+        (["--cluster", "geo", "--backend", "ray"], ["simulated", "--backend sim"]),
+        (["--cluster", "geo", "--timing", "constant"], ["both set the step times"]),
+        (["--partition", "dirichlet:0"], ["dirichlet:ALPHA", "ALPHA > 0"]),
+        (["--partition", "halves"], ["--partition 'halves'", "shards:N"]),
+        (["--partition", "shards:2", "--backend", "ray"], ["simulated only", "iid"]),
+        (["--partition", "shards:200"], ["shards", "empty"]),
+        (["--cluster", "datacenter", "--servers", "100000"], ["--servers 100000", "parameters"]),
+    ],
+    ids=[
+        "no-such-preset",
+        "cluster-on-ray",
+        "timing-and-cluster",
+        "dirichlet-zero",
+        "unknown-partition",
+        "partition-on-ray",
+        "too-many-shards",
+        "servers-beyond-d",
+    ],  # fmt: skip
+)
+def test_bad_cluster_and_partition_options(tmp_path, args, fragments):
+    out = tmp_path / "run"
+    assert_bad_input(dana("train", *SMALL, *args, "--out", str(out)), *fragments)
+    assert not out.exists()

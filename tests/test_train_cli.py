@@ -306,3 +306,55 @@ def test_help_and_algorithm_list():
 
     for name in ALGORITHMS:
         assert name in listing
+
+
+def test_cluster_run_keeps_its_model_and_reruns_from_config(tmp_path):
+    """config.json holds the resolved cluster (not its name or path): rerunning it gives
+    the same run; summary.json reports the departures and the classes applied."""
+    cluster = tmp_path / "mine.yaml"
+    cluster.write_text(
+        "compute: {model: lognormal, mean: 100, cv: 0.3}\n"
+        "network: {latency_ms: 2, bandwidth_gbps: 0.001, server_bandwidth_gbps: 0.002}\n"
+        "availability:\n  preemptions: [{worker: 1, leave_ms: 2000, rejoin_ms: 5000}]\n"
+    )
+    first = tmp_path / "first"
+    args = [*SMALL, "--workers", "3", "--epochs", "3", "--partition", "dirichlet:1"]
+    assert dana("train", *args, "--cluster", str(cluster), "--out", str(first)).returncode == 0
+    cluster.unlink()  # the run does not need the file any more
+    saved = json.loads((first / "config.json").read_text())
+    assert saved["cluster"]["name"] == "mine" and saved["cluster"]["network"]["latency_ms"] == 2.0
+    assert saved["timing"] == "lognormal" and saved["timing_params"] == {"mean": 100.0, "cv": 0.3}
+    again = tmp_path / "again"
+    result = dana("train", "--config", str(first / "config.json"), "--out", str(again), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert without_wall(read_metrics(again)) == without_wall(read_metrics(first))
+    summary = json.loads((first / "summary.json").read_text())
+    assert summary["cluster"] == "mine" and summary["leaves"] == 1 and summary["joins"] == 1
+    assert sum(summary["data_class_counts"]) == 512
+    assert 0 < sum(summary["applied_class_counts"]) <= 3 * 512
+
+
+def test_resume_after_kill_on_a_cluster_equals_uninterrupted_run(tmp_path):
+    """Killed midway with workers away, messages on their way and held pushes, then
+    resumed: the same metrics and summary as the run never interrupted."""
+    cluster = tmp_path / "churn.yaml"
+    cluster.write_text(
+        "compute: {model: gamma, slow_episodes: {every_ms: 3000, length_ms: 500, factor: 3}}\n"
+        "network: {latency_ms: 20, bandwidth_gbps: 0.0001, server_bandwidth_gbps: 0.0002}\n"
+        "availability: {random: {mean_up_ms: 4000, mean_down_ms: 1000}}\n"
+    )
+    args = [*SMALL, "--algorithm", "dana-zero", "--workers", "4", "--epochs", "40",
+            "--eval-every", "5", "--checkpoint-every", "5", "--cluster", str(cluster),
+            "--partition", "shards:2", "--max-staleness", "3"]  # fmt: skip
+    whole = tmp_path / "whole"
+    assert dana("train", *args, "--out", str(whole)).returncode == 0
+    killed = tmp_path / "killed"
+    kill_at_first_checkpoint(*args, out=killed)
+    result = dana("train", "--resume", str(killed), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert without_wall(read_metrics(killed)) == without_wall(read_metrics(whole))
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (killed, whole))
+    assert {k: v for k, v in a.items() if k != "wall_seconds"} == {
+        k: v for k, v in b.items() if k != "wall_seconds"
+    }
+    assert a["leaves"] > 1 and a["lost_computations"] > 0
