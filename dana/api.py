@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from dana import algorithms
 from dana.sim.compute import auto_batch_workers
 from dana.sim.simulator import Simulator
-from dana.train.batches import BatchStream
+from dana.train.batches import batches_for
 from dana.train.device import resolve_device
 from dana.train.flat import FlatModel, LossFn
 from dana.train.pushlog import PushLog
@@ -75,6 +75,9 @@ def simulate(
     threads: int | None = None,
     device: str | torch.device = "cpu",
     batch_workers: int | str = 1,
+    cluster: str | dict[str, Any] | None = None,
+    partition: str = "iid",
+    servers: int = 1,
     **hparams: Any,
 ) -> SimulationResult:
     """Train ``model`` on ``(x, y)`` with ``workers`` simulated asynchronous workers.
@@ -97,6 +100,14 @@ def simulate(
     workers in one vectorised call (``"auto"``: as many as fit the device), as
     ``dana train --batch-workers`` (docs/ALGORITHMS.md, "Batched and threaded
     gradients").
+
+    ``cluster``: the simulated cluster (a preset name, a YAML file or a mapping; its
+    compute model replaces ``timing``), ``servers`` the parameter-server shards whose
+    links carry the messages, ``partition`` the data per worker (``iid``,
+    ``dirichlet:ALPHA``, ``shards:N``), as ``dana train --cluster``, ``--servers`` and
+    ``--partition`` (docs/ALGORITHMS.md, "The clock, exactly as simulated"). With
+    integer class labels ``y`` the simulator counts each class's examples behind the
+    applied pushes (``result.simulator.meter``).
     """
     previous = torch.get_num_threads()
     threads = check_threads(default_threads() if threads is None else threads)
@@ -107,7 +118,8 @@ def simulate(
             weight_decay=weight_decay, epochs=epochs, batch_size=batch_size, loss_fn=loss_fn,
             timing=timing, timing_params=timing_params, warmup_epochs=warmup_epochs,
             decay_epochs=decay_epochs, seed=seed, callback=callback, threads=threads,
-            device=resolve_device(device), batch_workers=batch_workers, **hparams,
+            device=resolve_device(device), batch_workers=batch_workers, cluster=cluster,
+            partition=partition, servers=servers, **hparams,
         )  # fmt: skip
     finally:
         torch.set_num_threads(previous)
@@ -135,6 +147,9 @@ def _simulate(
     threads: int,
     device: torch.device,
     batch_workers: int | str,
+    cluster: str | dict[str, Any] | None,
+    partition: str,
+    servers: int,
     **hparams: Any,
 ) -> SimulationResult:
     names = algorithms.hparam_names(algorithm)
@@ -143,7 +158,8 @@ def _simulate(
     algo = algorithms.build(algorithm, **hparams)
     flat = FlatModel(model.to(device))
     x, y = x.to(device), y.to(device)
-    batches = BatchStream(len(x), batch_size, seed=seed)
+    batches = batches_for(partition, y, batch_size, seed, workers)
+    labels = y if not y.is_floating_point() and y.dim() == 1 else None
     schedule = LRSchedule(lr, workers, warmup_epochs, tuple(decay_epochs))
 
     def inputs(rows: Tensor) -> tuple[Tensor, Tensor]:
@@ -177,6 +193,9 @@ def _simulate(
         batch_workers=batch_workers,
         threads=threads,
         source=source if batch_workers > 1 or threads > 1 else None,
+        cluster=cluster,
+        servers=servers,
+        labels=labels,
     )
     sim.run(epochs=epochs, callback=callback)
     if sim.engine is not None and hasattr(sim.engine, "close"):

@@ -241,6 +241,8 @@ def fit(
     eval_every: float = 1.0,
     timing: str = "gamma",
     timing_params: dict[str, Any] | None = None,
+    cluster: str | dict[str, Any] | None = None,
+    partition: str = "iid",
     max_staleness: int | None = None,
     seed: int = 0,
     dtype: str = "float32",
@@ -276,7 +278,10 @@ def fit(
     ``threads``: the simulator's batched and threaded gradients, as ``dana train
     --batch-workers`` and ``--threads``. ``out``: write the run directory there (as
     ``dana train --out`` does), else into a temporary one, removed at the end.
-    ``mlflow``: also track the run there, as ``dana train --mlflow`` does. The
+    ``mlflow``: also track the run there, as ``dana train --mlflow`` does. ``cluster``
+    and ``partition`` (the simulator only): the simulated cluster and the data per
+    worker, as ``dana train --cluster`` and ``--partition`` (``servers`` then splits the
+    messages over the shards' links). The
     simulator on a GPU is tested where one is lent (the tests marked ``cuda``).
     """
     if backend not in ("sim", "ray"):
@@ -299,6 +304,8 @@ def fit(
         warmup_epochs=warmup_epochs,
         timing=timing,
         timing_params=dict(timing_params or {}),
+        cluster=cluster,
+        partition=partition,
         max_staleness=max_staleness,
         algorithm_params=hparams,
         seed=seed,
