@@ -136,11 +136,14 @@ def fake_run(
     *,
     diverged: bool = False,
     gap: float = 1e-3,
+    time_scale: float = 1.0,
+    summary_extra: dict | None = None,
     **settings,
 ) -> None:
     """A hand-made run directory under ``root/runs/name`` (what ``dana report`` reads):
-    evaluation i at epoch i, 10 i updates, simulated time 100 i / k and test error
-    ``errors[i]``; ``settings`` go into config.json."""
+    evaluation i at epoch i, 10 i updates, simulated time 100 i / k (times
+    ``time_scale``) and test error ``errors[i]``; ``settings`` go into config.json,
+    ``summary_extra`` into summary.json."""
     run = root / "runs" / name
     run.mkdir(parents=True)
     config = {"algorithm": algorithm, "workers": k, "seed": seed, "dataset": "synthetic"}
@@ -150,11 +153,12 @@ def fake_run(
         "mean_staleness"
     ]
     for i, e in enumerate(errors):
-        lines.append(f"{i},{10 * i},{100.0 * i / k},0,0.1,1,1,{e},{gap},{k - 1}")
+        lines.append(f"{i},{10 * i},{100.0 * i * time_scale / k},0,0.1,1,1,{e},{gap},{k - 1}")
     (run / "metrics.csv").write_text("\n".join(lines) + "\n")
     summary = {
         "final_test_error": None if diverged else errors[-1],
         "diverged": diverged,
         "mean_gap": gap,
+        **(summary_extra or {}),
     }
     (run / "summary.json").write_text(json.dumps(summary))

@@ -27,6 +27,9 @@ DOCTEST_MODULES = [
     "dana.train.batches",
     "dana.train.flat",
     "dana.train.gate",
+    "dana.train.partition",
+    "dana.train.classmeter",
+    "dana.experiments.grid",
 ]
 
 # The modules whose docstrings promise an example: it must be there, not only pass.
@@ -102,3 +105,22 @@ def test_simulate_passes_hyper_parameters():
         dana.simulate(_model(), x, y, algorithm="dana-fat")
     with pytest.raises(ValueError, match="'lc'"):
         dana.simulate(_model(), x, y, algorithm="dana-slim", lc=1.0)
+
+
+def test_simulate_on_a_cluster_with_data_per_worker():
+    """``dana.simulate`` takes a cluster preset and a partition, as ``dana train`` does:
+    the network and the preemptions are in the clock, the classes are counted."""
+    x, y = _data()
+    model = torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    plain = dana.simulate(model, x, y, workers=4, lr=0.05, epochs=2, batch_size=16)
+    result = dana.simulate(
+        torch.nn.Sequential(torch.nn.Linear(10, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)),
+        x, y, workers=4, lr=0.05, epochs=2, batch_size=16, cluster="geo",
+        partition="shards:1",
+    )  # fmt: skip
+    sim = result.simulator
+    assert sim.clock is not None and plain.simulator.clock is None
+    # 50 ms each way: every push costs at least 100 ms more than its computation
+    assert sim.sim_time > plain.simulator.sim_time + 100 * len(sim.log) / 4
+    applied, data = sim.meter.shares()
+    assert sum(applied) == pytest.approx(1.0) and len(data) == 2

@@ -167,6 +167,8 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
         allowed = {"algorithm", "workers", "seed", "lr_scaling", "algorithm_params"}
         if name == "fashion-k64-budget":  # the budget curve: the same shape, shorter
             allowed |= {"epochs", "lr_decay_epochs"}
+        if name == "fashion-clusters":  # the clusters (their compute models) and splits
+            allowed |= {"cluster", "partition", "timing", "timing_params"}
             for c in configs:
                 assert c["lr_decay_epochs"] == [c["epochs"] / 2, c["epochs"] * 3 / 4]
         assert varying <= allowed, (name, varying)
@@ -229,6 +231,21 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
         "dana-dc",
         "gap-aware",
     } <= {c.algorithm for c in full}
+    clusters = expand(load_preset("fashion-clusters"))
+    assert len(clusters) == 2 * 3 * 2 * 7 and {c.workers for c in clusters} == {1, 16}
+    configs = [c.config() for c in clusters]
+    assert {c.cluster["name"] for c in configs} == {"datacenter", "cloud", "geo"}
+    assert {c.partition for c in configs} == {"iid", "dirichlet:0.5"}
+    assert {c.algorithm for c in configs if c.workers == 16} == {
+        "ssgd", "asgd", "dana-slim", "gap-aware", "local-dn", "dana-local"
+    }  # fmt: skip
+    assert all(c.lr_scaling == "linear" for c in configs if c.algorithm == "ssgd")
+    assert all(
+        c.algorithm_params == {"dynamic_steps": True} for c in configs if "local" in c.algorithm
+    )
+    assert "dana-slim_k16_s0_geo_dir0.5" in {c.name for c in clusters}  # short names
+    same = {k: v for k, v in fixed.items() if k not in ("timing", "more_seeds")}
+    assert {k: load_preset("fashion-clusters").fixed.get(k) for k in same} == same
     paper = load_preset("paper-cifar10-resnet20").fixed
     assert (paper["epochs"], paper["lr_decay_epochs"], paper["warmup_epochs"]) == (
         160,

@@ -299,3 +299,61 @@ def test_the_baseline_lies_inside_the_error_plot_and_no_empty_speedup_plot(tmp_p
     assert not (tmp_path / "speedup_vs_workers.png").exists()
     assert "no SSGD row: no speed-up over SSGD, and no speed-up plot" in report.markdown
     assert "speedup_vs_workers.png" not in report.markdown
+
+
+# -- which method first, on each cluster ------------------------------------------------------
+def _cluster(name: str) -> dict:
+    return {"name": name, "compute": {"model": "gamma"}, "network": {}, "availability": {}}
+
+
+def _clusters_runs(root: Path) -> None:
+    """Two clusters, two methods at k = 4: on `fast` asgd reaches the targets first and
+    dana-slim ends lower; on `slow` (time x 3) dana-slim is first on both counts."""
+    counts = {"applied_class_counts": [30, 10], "data_class_counts": [50, 50]}
+    for name, scale, asgd, slim in (
+        ("fast", 1.0, [0.9, 0.104, 0.103], [0.9, 0.5, 0.10]),
+        ("slow", 3.0, [0.9, 0.5, 0.2], [0.9, 0.11, 0.09]),
+    ):
+        cluster = _cluster(name)
+        for seed in (0, 1):
+            fake_run(root, f"base_{name}_{seed}", "dana-slim", 1, seed, [0.9, 0.5, 0.3, 0.10],
+                     cluster=cluster, time_scale=scale)  # fmt: skip
+            fake_run(root, f"asgd_{name}_{seed}", "asgd", 4, seed, asgd, cluster=cluster,
+                     time_scale=scale, summary_extra=counts)  # fmt: skip
+            fake_run(root, f"slim_{name}_{seed}", "dana-slim", 4, seed, slim, cluster=cluster,
+                     time_scale=scale)  # fmt: skip
+
+
+def test_the_report_ranks_the_methods_on_each_cluster(tmp_path):
+    _clusters_runs(tmp_path)
+    results = load_results(tmp_path)
+    assert results.panel_keys == ["cluster"]
+    panels = results.panels()
+    assert list(panels) == ["cluster fast", "cluster slow"]
+    assert panels["cluster fast"].rows == ["asgd", "dana-slim"]  # no cluster in the label
+    report = build_report(tmp_path, tmp_path / "out")
+    text = report.markdown
+    assert "## Which method first, on this cluster" in text
+    # fast: asgd reaches 10.5% (baseline 10% + 0.5 pp) first and dana-slim ends lower
+    fast = text.split("### Cluster fast")[1].split("###")[0]
+    rows = [line for line in fast.splitlines() if line.startswith("| 4 |")]
+    assert rows[0].startswith("| 4 | 1 | asgd | 0.02497 |") and rows[0].endswith("| 10.30 | 2 |")
+    assert rows[1].startswith("| 4 | 2 | dana-slim |") and rows[1].endswith("| 10.00 | 1 |")
+    slow = text.split("### Cluster slow")[1].split("###")[0]
+    assert [line.split(" | ")[2] for line in slow.splitlines() if line.startswith("| 4 |")] == [
+        "dana-slim",
+        "asgd",
+    ]
+    assert "| asgd | 1 / 2 (k=4) | 2 / 2 (k=4) |" in text  # the overview across clusters
+    assert "## Cluster fast" in text and "error_curves_fast.png" in text
+    assert (tmp_path / "out" / "error_vs_time.png").is_file()
+    # the bias meter: asgd's applied examples are 75% class 0, the data's 50%
+    assert "| asgd | 4 | 25.00 | 0: +25.00 | 1: -25.00 |" in text
+    assert (tmp_path / "out" / "class_shares.png").is_file()
+
+
+def test_a_report_without_clusters_is_unchanged_by_them(tmp_path):
+    _claim_runs(tmp_path)
+    text = build_report(tmp_path, tmp_path / "out").markdown
+    assert "Which method first" not in text and "class's share" not in text
+    assert not (tmp_path / "out" / "error_vs_time.png").exists()

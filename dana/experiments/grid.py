@@ -31,6 +31,7 @@ import dataclasses
 import itertools
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dana.errors import ConfigError
@@ -252,14 +253,29 @@ def _grid(values: dict[str, Any]) -> dict[str, list[Any]]:
 
 
 def cell_name(options: dict[str, Any], extra: list[str] | tuple[str, ...] = ()) -> str:
-    """``{algorithm}_k{workers}_s{seed}`` then ``_{option}{value}`` for each extra axis.
+    """``{algorithm}_k{workers}_s{seed}`` then ``_{option}{value}`` for each extra axis;
+    a cluster by its name alone, a data split shortly (``iid``, ``dir0.5``, ``shards2``).
 
     >>> cell_name({"algorithm": "dana-slim", "workers": 16, "seed": 0, "lr": 0.05}, ["lr"])
     'dana-slim_k16_s0_lr0.05'
+    >>> cell_name({"algorithm": "asgd", "workers": 8, "seed": 1, "cluster": "geo",
+    ...            "partition": "dirichlet:0.5"}, ["cluster", "partition"])
+    'asgd_k8_s1_geo_dir0.5'
     """
     parts = [str(options["algorithm"]), f"k{options['workers']}", f"s{options['seed']}"]
-    parts += [f"{key.replace('_', '-')}{_value_text(options[key])}" for key in extra]
+    parts += [_axis_text(key, options[key]) for key in extra]
     return re.sub(r"[^A-Za-z0-9._+-]", "-", "_".join(parts))
+
+
+def _axis_text(key: str, value: Any) -> str:
+    if key == "cluster":
+        if isinstance(value, dict):
+            return str(value.get("name", "cluster"))
+        return "nocluster" if value is None else Path(str(value)).stem
+    if key == "partition" and isinstance(value, str):
+        kind, _, rest = value.partition(":")
+        return {"dirichlet": "dir"}.get(kind, kind) + rest
+    return f"{key.replace('_', '-')}{_value_text(value)}"
 
 
 def _value_text(value: Any) -> str:

@@ -8,7 +8,11 @@
 - ``speedup_vs_workers.png``: per target, the speed-up over ssgd in simulated time to
   it (a hollow triangle: at least this much, where ssgd never reached the target), and
   a grid of every cell's speed-up or why it has none; drawn only when some cell has a
-  speed-up or a bound (the report says why there is none otherwise).
+  speed-up or a bound (the report says why there is none otherwise);
+- ``error_vs_time.png`` (runs on a cluster): test error against simulated time, one
+  panel per cluster (and data split) and k;
+- ``class_shares.png`` (runs with the bias meter): each class's share of the applied
+  updates minus its share of the data.
 
 In the two plots against k, a value with a diverged seed is an ``x`` (at the top edge
 when every seed diverged), and the y-axis ends at a robust limit (:func:`robust_top`: a
@@ -388,3 +392,82 @@ def _speedup_grid(ax, rows: list[str], ks: list[int], cells, styles, bounds) -> 
 
 def plot_speedups(results: Results, targets: list[Target], path: Path) -> Path:
     return _save(speedups_figure(results, targets), path)
+
+
+def mean_time_curve(group: Group) -> tuple[np.ndarray, np.ndarray]:
+    """(simulated time in s, mean test error in %) over the group's runs at each
+    evaluation epoch every run reached with a finite error: the mean of their times and
+    of their errors there."""
+    by_epoch: dict[float, list[tuple[float, float]]] = defaultdict(list)
+    for run in group.runs:
+        for row in run.metrics:
+            if math.isfinite(row["test_error"]) and math.isfinite(row["sim_time"]):
+                by_epoch[round(row["epoch"], 6)].append((row["sim_time"], row["test_error"]))
+    n = len(group.runs)
+    epochs = [e for e in sorted(by_epoch) if len(by_epoch[e]) == n]
+    times = np.array([np.mean([t for t, _ in by_epoch[e]]) / 1000 for e in epochs])
+    errors = np.array([100 * np.mean([err for _, err in by_epoch[e]]) for e in epochs])
+    return times, errors
+
+
+def plot_error_vs_time(panels: dict[str, Results], path: Path) -> Path:
+    """``error_vs_time.png``: test error against simulated time, one panel per cluster
+    (and data split) and worker count k > 1, one line per method (mean over seeds), the
+    panel's one-worker baseline dashed."""
+    plt = _pyplot()
+    cells = [
+        (label, k, results)
+        for label, results in panels.items()
+        for k in ([k for k in results.worker_counts if k > 1] or results.worker_counts)
+    ]
+    cols = min(3, len(cells))
+    nrows = math.ceil(len(cells) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 4 * nrows), squeeze=False)
+    rows = list(dict.fromkeys(r for results in panels.values() for r in results.rows))
+    styles = _styles(rows)
+    for ax, (label, k, results) in zip(axes.flat, cells):
+        base = results.baseline()
+        if base is not None:
+            ax.plot(*mean_time_curve(base), "k--", lw=1.2, label=f"{base.row} k=1 (baseline)")
+        for row in results.rows:
+            group = results.group(row, k)
+            if group is None or group is base:
+                continue
+            ax.plot(*mean_time_curve(group), **styles[row], marker=".", ms=3, label=row)
+        title = f"{label}, k = {k}" if label else f"k = {k}"
+        ax.set(title=title, xlabel="simulated time (s)", ylabel="test error (%)")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(cells) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    handles, labels = _legend_entries(axes)
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    return _save(fig, path)
+
+
+def plot_class_shares(panels: dict[str, Results], path: Path) -> Path:
+    """``class_shares.png``: the bias meter, each class's applied share minus its data
+    share (pp) against the class, one panel per cluster (and data split), one line per
+    method and k (mean over seeds)."""
+    from dana.experiments.ranking import class_deviations
+
+    plt = _pyplot()
+    cols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 3.8 * nrows), squeeze=False)
+    rows = list(dict.fromkeys(r for results in panels.values() for r in results.rows))
+    styles = _styles(rows)
+    for ax, (label, results) in zip(axes.flat, panels.items()):
+        for (row, k), group in results.groups.items():
+            dev = class_deviations(group)
+            if dev is not None:
+                ax.plot(range(len(dev)), dev, **styles[row], marker="o", ms=3, label=f"{row} k={k}")
+        ax.axhline(0.0, color="k", lw=0.8)
+        ax.set(title=label or "all runs", xlabel="class", ylabel="applied share - data share (pp)")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    handles, labels = _legend_entries(axes)
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    return _save(fig, path)

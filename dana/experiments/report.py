@@ -9,6 +9,7 @@ time to each target and the speed-up over SSGD (:mod:`dana.experiments.targets`)
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,15 @@ from typing import Any
 from dana.atomic import write_text_atomic
 from dana.experiments import plots
 from dana.experiments.glance import GLANCE_RULE, glance_sentences, glance_table
-from dana.experiments.results import Results, load_results, sweep_record
+from dana.experiments.ranking import (
+    BIAS_RULE,
+    RANKING_RULE,
+    bias_table,
+    has_class_counts,
+    overview_table,
+    ranking_table,
+)
+from dana.experiments.results import Results, load_results, setting_text, sweep_record
 from dana.experiments.table import (
     ERROR_RULE,
     error_table,
@@ -51,6 +60,8 @@ PROTOCOL_KEYS = (
     "lr_decay_epochs",
     "lr_decay_factor",
     "timing",
+    "cluster",
+    "partition",
     "eval_every",
     "dtype",
 )
@@ -78,33 +89,129 @@ def build_report(
     """Read the results under ``path`` and write report.md and the plots into ``out``.
 
     Time to target: ``target`` (a fraction) if given, else the baseline's final error
-    + 0.5 pp and + 1 pp (:func:`~dana.experiments.targets.choose_targets`)."""
+    + 0.5 pp and + 1 pp (:func:`~dana.experiments.targets.choose_targets`). Where the
+    runs differ in a panel setting (a cluster, the data per worker:
+    :meth:`~dana.experiments.results.Results.panels`), the methods are ranked on each
+    panel first (:mod:`dana.experiments.ranking`), then each panel is reported on its
+    own, with its own baseline and targets; runs on a cluster also get the plot of test
+    error against simulated time, and runs that counted their classes the bias meter."""
     results = load_results(path, baseline)
     out = Path(out) if out is not None else Path(path)
-    files = [
-        plots.plot_error_curves(results, out / "error_curves.png"),
-        plots.plot_error_vs_workers(results, out / "error_vs_workers.png"),
-        plots.plot_gap_vs_workers(results, out / "gap_vs_workers.png"),
-    ]
-    targets = choose_targets(results, target)
-    if speedup_plot_due(results, targets):
-        files.append(plots.plot_speedups(results, targets, out / "speedup_vs_workers.png"))
-    table = error_table(results)
-    text = _markdown(results, table, targets)
+    lines = _header(results)
+    panels = results.panels()
+    if not panels:
+        body, files, table, targets = _section(results, out, target, 2, "")
+        lines += body
+        views = {"": (results, targets)}
+    else:
+        views = {label: (sub, choose_targets(sub, target)) for label, sub in panels.items()}
+        lines += [
+            f"The runs differ in {' and '.join(results.panel_keys)}: the methods are ranked "
+            "on each (cluster and data) first, then each is reported on its own, against "
+            "its own one-worker baseline.",
+            "",
+        ]
+        files, tables, targets = [], [], []
+    on_cluster = any(r.config.get("cluster") is not None for r in results.runs)
+    if on_cluster or panels:
+        lines += _which_first(views, level=2)
+        files.append(
+            plots.plot_error_vs_time({k: v[0] for k, v in views.items()}, out / "error_vs_time.png")
+        )
+    if has_class_counts(results):
+        lines += _bias(views, level=2)
+        files.append(
+            plots.plot_class_shares({k: v[0] for k, v in views.items()}, out / "class_shares.png")
+        )
+    for label, (sub, _) in views.items() if panels else ():
+        body, more, table, sub_targets = _section(sub, out, target, 3, "_" + _slug(label))
+        lines += [f"## {label[0].upper()}{label[1:]}", "", *body]
+        files += more
+        tables.append(f"{label}:\n{table}")
+        targets += sub_targets
+    if panels:
+        table = "\n\n".join(tables)
+    text = "\n".join(lines)
     report_file = out / "report.md"
     write_text_atomic(report_file, text)
     used = next((t.value for t in targets if t.skip is None), None)
     return Report(text, table, used, [report_file, *files], targets)
 
 
-def _markdown(results: Results, table: str, targets: list[Target]) -> str:
+def _section(
+    results: Results, out: Path, target: float | None, level: int, suffix: str
+) -> tuple[list[str], list[Path], str, list[Target]]:
+    """The report of one set of runs (all, or one panel's): its plots, written with
+    ``suffix`` in their names, and its sections at heading ``level``."""
+    files = [
+        plots.plot_error_curves(results, out / f"error_curves{suffix}.png"),
+        plots.plot_error_vs_workers(results, out / f"error_vs_workers{suffix}.png"),
+        plots.plot_gap_vs_workers(results, out / f"gap_vs_workers{suffix}.png"),
+    ]
+    targets = choose_targets(results, target)
+    if speedup_plot_due(results, targets):
+        files.append(plots.plot_speedups(results, targets, out / f"speedup_vs_workers{suffix}.png"))
+    table = error_table(results)
+    return _body(results, table, targets, level, suffix), files, table, targets
+
+
+def _slug(label: str) -> str:
+    """A panel's label as a file-name suffix: ``cluster geo, partition dirichlet:0.3``
+    -> ``geo_dirichlet-0.3``."""
+    parts = [part.split(" ", 1)[1] for part in label.split(", ")]
+    return re.sub(r"[^A-Za-z0-9._+-]", "-", "_".join(parts))
+
+
+def _which_first(views: dict[str, tuple[Results, list[Target]]], level: int) -> list[str]:
+    """The section "Which method first": the ranks on every panel, then each panel's
+    ranking, then the plot of test error against simulated time."""
+    h = "#" * level
+    lines = [f"{h} Which method first, on this cluster", "", RANKING_RULE, ""]
+    if len(views) > 1:
+        lines += [
+            "Each method's rank by time / rank by final error, on each panel (at its largest k):",
+            "",
+            overview_table(views),
+            "",
+        ]
+    for label, (results, targets) in views.items():
+        if len(views) > 1:
+            lines += [f"{h}# {label[0].upper()}{label[1:]}", ""]
+        used = [t for t in targets if t.skip is None]
+        if not used:
+            lines += [
+                "No target to rank by time: "
+                + (targets[0].skip if targets else "there is no finished one-worker baseline."),
+                "",
+            ]
+        else:
+            lines += [
+                "Targets: " + "; ".join(t.text for t in used) + ".",
+                "",
+            ]
+        lines += [ranking_table(results, targets), ""]
+    lines += ["![test error vs simulated time](error_vs_time.png)", ""]
+    return lines
+
+
+def _bias(views: dict[str, tuple[Results, list[Target]]], level: int) -> list[str]:
+    """The section "Each class's share of the applied updates" (the bias meter)."""
+    h = "#" * level
+    lines = [f"{h} Each class's share of the applied updates", "", BIAS_RULE, ""]
+    for label, (results, _) in views.items():
+        if len(views) > 1:
+            lines += [f"{h}# {label[0].upper()}{label[1:]}", ""]
+        lines += [bias_table(results), ""]
+    return lines + ["![class shares](class_shares.png)", ""]
+
+
+def _header(results: Results) -> list[str]:
     record = sweep_record(results.path)
     counts = {s: sum(1 for r in results.runs if r.status == s) for s in _STATUSES}
-    scaled = has_scaled_ssgd(results)
     lines = [f"# Report: {results.path.name}", ""]
     if record.get("spec", {}).get("description"):
         lines += [str(record["spec"]["description"]).strip(), ""]
-    lines += [
+    return lines + [
         f"Protocol: {_protocol(results.common_settings())}.",
         "",
         f"Runs: {len(results.runs)} ("
@@ -112,25 +219,35 @@ def _markdown(results: Results, table: str, targets: list[Target]) -> str:
         + f"); seeds {', '.join(map(str, results.seeds()))}.",
         "",
     ]
+
+
+def _body(
+    results: Results, table: str, targets: list[Target], level: int = 2, suffix: str = ""
+) -> list[str]:
+    """The sections of one set of runs: settings that vary, the claim at a glance, final
+    error, gap, time to target and speed-up (headings at ``level``, plots ``suffix``ed)."""
+    h = "#" * level
+    scaled = has_scaled_ssgd(results)
+    lines: list[str] = []
     if results.row_keys:
         lines += [
             f"Settings that vary besides algorithm, k and seed: {', '.join(results.row_keys)}.",
             "",
         ]
-    lines += _glance(results)
+    lines += _glance(results, h)
     lines += [
-        "## Final test error (%)",
+        f"{h} Final test error (%)",
         "",
         table,
         "",
         ERROR_RULE,
         _baseline_text(results),
         "",
-        "![final error vs workers](error_vs_workers.png)",
+        f"![final error vs workers](error_vs_workers{suffix}.png)",
         "",
-        "![test error vs epochs](error_curves.png)",
+        f"![test error vs epochs](error_curves{suffix}.png)",
         "",
-        "## Mean gap",
+        f"{h} Mean gap",
         "",
         "The gap of a push is RMS(theta - p_i), theta the master's true parameters just "
         "before the push; the table gives its mean over all pushes of a run, averaged "
@@ -138,9 +255,9 @@ def _markdown(results: Results, table: str, targets: list[Target]) -> str:
         "",
         gap_table(results),
         "",
-        "![gap vs workers](gap_vs_workers.png)",
+        f"![gap vs workers](gap_vs_workers{suffix}.png)",
         "",
-        "## Time to target and speed-up over SSGD",
+        f"{h} Time to target and speed-up over SSGD",
         "",
         f"{TARGET_RULE} {FIRST_EVALUATION_RULE} {REFERENCE_RULE}"
         + (f" {SCALED_REFERENCE_RULE}" if scaled else ""),
@@ -149,7 +266,7 @@ def _markdown(results: Results, table: str, targets: list[Target]) -> str:
     if not targets:
         lines += ["No target: there is no finished one-worker baseline; pass --target.", ""]
     for number, t in enumerate(targets, 1):
-        heading = f"### Target {number}: " if len(targets) > 1 else "Target: "
+        heading = f"{h}# Target {number}: " if len(targets) > 1 else "Target: "
         lines += [heading + t.text + ("" if len(targets) > 1 else "."), ""]
         if t.skip is not None:
             lines += [t.skip, ""]
@@ -167,7 +284,7 @@ def _markdown(results: Results, table: str, targets: list[Target]) -> str:
             lines += ["No algorithm and ssgd both reached the target at the same k.", ""]
     if speedup_plot_due(results, targets):
         lines += [
-            "![speed-up vs workers](speedup_vs_workers.png)",
+            f"![speed-up vs workers](speedup_vs_workers{suffix}.png)",
             "",
             "The speed-up plot has one panel per target; a hollow triangle is a lower bound "
             "(ssgd never reached the target in its run: the speed-up is at least its run's "
@@ -178,7 +295,7 @@ def _markdown(results: Results, table: str, targets: list[Target]) -> str:
         ]
     elif targets:
         lines += [_no_speedup_plot(results), ""]
-    return "\n".join(lines)
+    return lines
 
 
 def speedup_plot_due(results: Results, targets: list[Target]) -> bool:
@@ -199,10 +316,10 @@ def _no_speedup_plot(results: Results) -> str:
     )
 
 
-def _glance(results: Results) -> list[str]:
+def _glance(results: Results, h: str = "##") -> list[str]:
     """The section "The claim at a glance" (:mod:`dana.experiments.glance`)."""
     table = glance_table(results)
-    lines = ["## The claim at a glance", ""]
+    lines = [f"{h} The claim at a glance", ""]
     if not table:
         if results.baseline() is None or not len(results.baseline().errors()):
             return lines + ["No finished one-worker baseline to compare with.", ""]
@@ -239,7 +356,10 @@ def _protocol(settings: dict[str, Any]) -> str:
     parts = []
     for key in PROTOCOL_KEYS:
         if key in settings and settings[key] not in (None, [], {}):
-            parts.append(f"{key.replace('_', '-')} {_show(settings[key])}")
+            if key == "partition" and settings[key] == "iid":
+                continue  # (the shared stream, as every run before partitions)
+            text = setting_text(key, settings[key]) if key == "cluster" else _show(settings[key])
+            parts.append(f"{key.replace('_', '-')} {text}")
     return ", ".join(parts) or "(runs differ in every setting)"
 
 

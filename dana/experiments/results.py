@@ -7,7 +7,10 @@ summary yet), or ``failed`` (no summary, and the sweep's ``sweep.json`` says it 
 
 Runs are grouped by *row* (the algorithm, plus any other setting that differs between
 runs and is not at its default, such as ``lr=0.05``) and worker count; the seeds of a
-group are its samples.
+group are its samples. A cluster shows as its name (``cluster=geo``). Where the runs
+differ in a *panel* setting (:data:`PANEL_KEYS`: the cluster, the data per worker),
+:meth:`Results.panels` gives the runs of each panel as results of their own, so that a
+method is compared with the others on the same cluster and data.
 """
 
 from __future__ import annotations
@@ -37,6 +40,20 @@ _NOT_ROW_KEYS = {
     "mlflow_experiment",
     "checkpoint_every",
 }
+
+
+#: Settings whose values split a results directory into panels (:meth:`Results.panels`).
+PANEL_KEYS = ("cluster", "partition")
+
+
+def setting_text(key: str, value: Any) -> str:
+    """A setting's value as a report shows it: a cluster by its name, ``none`` when a
+    run has no cluster; other values as they are."""
+    if key == "cluster":
+        if value is None:
+            return "none"
+        return str(value.get("name", "cluster")) if isinstance(value, dict) else str(value)
+    return str(value)
 
 
 @dataclass
@@ -71,6 +88,14 @@ class Run:
     @property
     def mean_gap(self) -> float:
         return _number(self.summary.get("mean_gap")) if self.summary else math.nan
+
+    @property
+    def class_counts(self) -> tuple[list[int], list[int]] | None:
+        """(examples of each class behind the applied pushes, of each class in the
+        data), from the summary (the bias meter); None when it has none."""
+        if not self.summary or "applied_class_counts" not in self.summary:
+            return None
+        return list(self.summary["applied_class_counts"]), list(self.summary["data_class_counts"])
 
 
 @dataclass
@@ -113,6 +138,8 @@ class Results:
     baseline_algorithm: str | None = None
     groups: dict[tuple[str, int], Group] = field(default_factory=dict)
     row_keys: list[str] = field(default_factory=list)
+    #: The panel settings (PANEL_KEYS) whose values differ between runs.
+    panel_keys: list[str] = field(default_factory=list)
 
     @property
     def rows(self) -> list[str]:
@@ -153,6 +180,25 @@ class Results:
     def seeds(self) -> list[int]:
         return sorted({r.seed for r in self.runs})
 
+    def panel_of(self, run: Run) -> str:
+        """The label of ``run``'s panel: ``cluster geo, partition dirichlet:0.3``."""
+        return ", ".join(f"{k} {setting_text(k, run.config.get(k))}" for k in self.panel_keys)
+
+    def panels(self) -> dict[str, Results]:
+        """The runs of each panel (each value of the varying panel settings) as results
+        of their own, in the order the runs come (the sweep's); empty when no panel
+        setting varies."""
+        if not self.panel_keys:
+            return {}
+        runs: dict[str, list[Run]] = {}
+        for run in self.runs:
+            runs.setdefault(self.panel_of(run), []).append(run)
+        order = _panel_order(self.path, self.panel_keys)
+        labels = sorted(runs, key=lambda label: order.get(label, len(order)))
+        return {
+            label: group_runs(self.path, runs[label], self.baseline_algorithm) for label in labels
+        }
+
 
 def load_results(path: str | Path, baseline: str | None = None) -> Results:
     """Every run under ``path``, grouped (see the module doc). DanaError if there is none."""
@@ -175,8 +221,15 @@ def load_results(path: str | Path, baseline: str | None = None) -> Results:
         )
     if baseline is None:
         baseline = _sweep_baseline(path)
+    runs.sort(key=_run_order(path))
+    return group_runs(path, runs, baseline)
+
+
+def group_runs(path: Path, runs: list[Run], baseline: str | None) -> Results:
+    """``runs`` grouped by row and worker count (see the module doc)."""
     results = Results(path, runs, baseline)
     results.row_keys = _row_keys(runs)
+    results.panel_keys = [k for k in PANEL_KEYS if k in results.row_keys]
     for run in runs:
         row = row_label(run.config, results.row_keys)
         group = results.groups.setdefault((row, run.workers), Group(row, run.workers))
@@ -188,13 +241,46 @@ def load_results(path: str | Path, baseline: str | None = None) -> Results:
     return results
 
 
+def _grid_values(path: Path, key: str) -> list[str]:
+    """The sweep's grid values of ``key`` (also its ``also`` grids'), as texts."""
+    spec = sweep_record(path).get("spec", {})
+    values: list[Any] = []
+    for grid in (spec.get("grid", {}), *spec.get("also", [])):
+        values += grid.get(key, [])
+    return [setting_text(key, v) for v in values]
+
+
+def _panel_order(path: Path, keys: list[str]) -> dict[str, int]:
+    """Panel labels in the order of the sweep's grid values (cluster, then partition)."""
+    import itertools
+
+    lists = [_grid_values(path, k) for k in keys]
+    if not all(lists):
+        return {}
+    labels = (
+        ", ".join(f"{k} {v}" for k, v in zip(keys, combo)) for combo in itertools.product(*lists)
+    )
+    return {label: n for n, label in enumerate(dict.fromkeys(labels))}
+
+
+def _run_order(path: Path):
+    """Runs in the order of the sweep's cluster values where it has them (then by path)."""
+    clusters = _grid_values(path, "cluster")
+
+    def key(run: Run) -> tuple[int, str]:
+        name = setting_text("cluster", run.config.get("cluster"))
+        return (clusters.index(name) if name in clusters else len(clusters), str(run.path))
+
+    return key
+
+
 def row_label(config: dict[str, Any], keys: list[str]) -> str:
     """``dana-slim`` or, when other settings vary, ``dana-slim (lr=0.05)``: the varying
     settings that are not at ``dana train``'s default (``ssgd`` and ``ssgd
     (lr_scaling=linear)``, not ``ssgd (lr_scaling=none)``)."""
     defaults = TrainConfig().to_dict()
     extra = ", ".join(
-        f"{k}={config.get(k)}"
+        f"{k}={setting_text(k, config.get(k))}"
         for k in keys
         if k not in defaults or _canonical(config.get(k)) != _canonical(defaults[k])
     )
@@ -210,7 +296,11 @@ def _row_keys(runs: list[Run]) -> list[str]:
     for run in runs:
         for k, v in run.config.items():
             if k not in _NOT_ROW_KEYS and k != "dana_version":
+                # (a cluster's compute model is mirrored in timing: it varies with it)
                 values[k].add(json.dumps(v, sort_keys=True))
+    clusters = {json.dumps(r.config.get("cluster"), sort_keys=True) for r in runs}
+    if len(clusters) > 1:  # the timing a cluster sets is the cluster's, not a row of its own
+        values.pop("timing", None), values.pop("timing_params", None)
     keys = {k for r in runs for k in r.config}
     return sorted(k for k in keys - _NOT_ROW_KEYS - {"dana_version"} if len(values[k]) > 1)
 

@@ -1,0 +1,174 @@
+"""Which method first, on this cluster: the methods ranked on each panel of a results
+directory, and each class's share of the updates they applied (the bias meter).
+
+A panel is the runs of one cluster and one data split (:meth:`Results.panels`); a
+results directory without panels is one. On a panel, at each ``k > 1``, the methods
+(rows) are ranked twice:
+
+- **by time**: by the simulated time to the first near-baseline target (the panel's
+  one-worker baseline's final error + 0.5 pp: :func:`~dana.experiments.targets.choose_targets`),
+  ties and the methods that never reached it by the time to the second (+ 1 pp), then
+  by final error; a group's time is its mean over seeds, defined when every seed
+  reached the target (:func:`~dana.experiments.targets.group_time`);
+- **by final error**: the mean over the seeds that did not diverge; a method whose every
+  seed diverged comes last.
+
+The bias meter (``summary.json``'s ``applied_class_counts`` against
+``data_class_counts``): for each run, each class's share of the examples behind the
+applied pushes minus its share of the training data, in percentage points; a row's
+figure is the mean over its seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dana.experiments.results import Group, Results
+from dana.experiments.targets import Target, group_time
+
+#: The rule, as the report states it.
+RANKING_RULE = (
+    "Ranked at each k by the simulated time to the first target (the panel's one-worker "
+    "baseline's final error + 0.5 pp), then to the second (+ 1 pp), then by final error; "
+    "a time is the mean over seeds, defined when every seed reached the target (times in "
+    "simulated seconds). The rank by final error is the order of the mean final error "
+    "over the seeds that did not diverge (a method whose every seed diverged last)."
+)
+BIAS_RULE = (
+    "Each class's share of the examples behind the pushes the master applied (a local "
+    "step's examples count when the push that ends its cycle is applied; a computation "
+    "lost to a departure, or in flight at the end, does not count), minus its share of "
+    "the training data, in percentage points, mean over seeds: `max |dev|` is the largest "
+    "deviation over the classes; `most` and `least` the classes furthest above and below "
+    "their share."
+)
+
+
+@dataclass
+class Ranked:
+    """One method's place on a panel at one ``k``."""
+
+    row: str
+    workers: int
+    times: list[float | None]  # per used target: mean time (ms), None if not reached
+    reached: list[str]  # per used target: "" or "2/3"
+    error: float  # mean final error (fraction), NaN when none
+    diverged: bool  # every seed diverged
+    time_rank: int = 0
+    error_rank: int = 0
+
+
+def rank(results: Results, targets: list[Target]) -> dict[int, list[Ranked]]:
+    """The methods of ``results`` at each ``k > 1``, in their order by time (the module
+    doc), each with both its ranks."""
+    used = [t for t in targets if t.skip is None]
+    base = results.baseline()
+    by_k: dict[int, list[Ranked]] = {}
+    for (row, k), group in results.groups.items():
+        if k == 1 or group is base or not group.results:
+            continue
+        times, reached = [], []
+        for target in used:
+            time, hit, n = group_time(group, target.value)
+            times.append(time)
+            reached.append("" if time is not None else f"{hit}/{n}")
+        errors = group.errors()
+        error = float(errors.mean()) if len(errors) else math.nan
+        diverged = group.diverged == len(group.results)
+        by_k.setdefault(k, []).append(Ranked(row, k, times, reached, error, diverged))
+    for entries in by_k.values():
+        inf = math.inf
+        entries.sort(
+            key=lambda r: (
+                *(t if t is not None else inf for t in r.times),
+                r.error if math.isfinite(r.error) else inf,
+            )
+        )
+        for n, entry in enumerate(entries, 1):
+            entry.time_rank = n
+        for n, entry in enumerate(
+            sorted(entries, key=lambda r: r.error if math.isfinite(r.error) else inf), 1
+        ):
+            entry.error_rank = n
+    return dict(sorted(by_k.items()))
+
+
+def ranking_table(results: Results, targets: list[Target]) -> str:
+    """The ranking of one panel as a markdown table (one block of rows per ``k``)."""
+    used = [t for t in targets if t.skip is None]
+    head = ["k", "rank by time", "method"]
+    head += [f"time to {100 * t.value:.2f}% (s)" for t in used]
+    head += ["final error (%)", "rank by error"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for k, entries in rank(results, targets).items():
+        for entry in entries:
+            cells = [str(k), str(entry.time_rank), entry.row]
+            for time, reached in zip(entry.times, entry.reached):
+                cells.append(
+                    f"{time / 1000:.4g}" if time is not None else f"not reached ({reached})"
+                )
+            error = "diverged" if entry.diverged else f"{100 * entry.error:.2f}"
+            cells += [error, str(entry.error_rank)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def overview_table(panels: dict[str, tuple[Results, list[Target]]]) -> str:
+    """Each method's ranks (by time / by error) on every panel, at each panel's largest
+    ``k``: one column per panel."""
+    columns = list(panels)
+    cells: dict[str, dict[str, str]] = {}
+    for label, (results, targets) in panels.items():
+        ranked = rank(results, targets)
+        if not ranked:
+            continue
+        k = max(ranked)
+        for entry in ranked[k]:
+            cells.setdefault(entry.row, {})[label] = (
+                f"{entry.time_rank} / {entry.error_rank} (k={k})"
+            )
+    lines = [
+        "| method | " + " | ".join(columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for row, by_panel in cells.items():
+        lines.append(f"| {row} | " + " | ".join(by_panel.get(c, "—") for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def class_deviations(group: Group) -> np.ndarray | None:
+    """The mean over the group's runs of each class's applied share minus its data
+    share (percentage points); None when no run has the counts."""
+    rows = []
+    for run in group.results:
+        counts = run.class_counts
+        if counts is None or not sum(counts[0]):
+            continue
+        applied, data = (np.asarray(c, dtype=float) for c in counts)
+        rows.append(100 * (applied / applied.sum() - data / max(1.0, data.sum())))
+    return np.mean(rows, axis=0) if rows else None
+
+
+def has_class_counts(results: Results) -> bool:
+    return any(run.class_counts is not None for run in results.runs)
+
+
+def bias_table(results: Results) -> str:
+    """The bias meter of one panel: per method and ``k``, the largest deviation of a
+    class's applied share from its data share, and the classes furthest above and below."""
+    lines = [
+        "| method | k | max \\|dev\\| (pp) | most (class: pp) | least (class: pp) |",
+        "|---|---|---|---|---|",
+    ]
+    for (row, k), group in results.groups.items():
+        dev = class_deviations(group)
+        if dev is None:
+            continue
+        hi, lo = int(np.argmax(dev)), int(np.argmin(dev))
+        lines.append(
+            f"| {row} | {k} | {np.abs(dev).max():.2f} | {hi}: {dev[hi]:+.2f} | {lo}: {dev[lo]:+.2f} |"
+        )
+    return "\n".join(lines)
