@@ -99,6 +99,15 @@ def add_sweep_parser(sub) -> None:
         help="seeds, e.g. 0,1",
     )
     grid.add_argument(
+        "--clusters",
+        dest="grid_cluster",
+        type=_list_of(str),
+        default=S,
+        metavar="C,C",
+        help="clusters (presets or files), e.g. datacenter,cloud,geo: a grid axis; the "
+        "report ranks the methods on each",
+    )
+    grid.add_argument(
         "--grid",
         dest="grid_extra",
         type=_grid_axis,
@@ -311,17 +320,24 @@ def _print_report(path: str, out: str | None, target: float | None, baseline: st
 # -- dana presets -------------------------------------------------------------------------
 def add_presets_parser(sub) -> None:
     p = sub.add_parser(
-        "presets", help="list the shipped sweeps", description="List the presets of `dana sweep`."
+        "presets",
+        help="list the shipped sweeps and clusters",
+        description="List the presets of `dana sweep`, then the clusters of `--cluster`.",
     )
     p.set_defaults(func=cmd_presets)
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
     from dana.experiments.presets import load_preset, preset_names
+    from dana.train.cluster import preset_names as cluster_names
+    from dana.train.cluster import resolve_cluster
 
     for name in preset_names():
         description = load_preset(name).description.strip().splitlines()
         print(f"{name:24s} {description[0] if description else ''}")
+    print("\nclusters (dana train --cluster NAME, or a grid axis of dana sweep):")
+    for name in cluster_names():
+        print(f"{name:24s} {resolve_cluster(name)['description']}")
     return EXIT_OK
 
 

@@ -1,7 +1,7 @@
 """Streams of mini-batches: one shuffled stream shared by all workers, or one per worker.
 
 Every gradient computation takes the next batch of the stream (ALGORITHMS.md, "The
-simulation model"). Each epoch is a fresh permutation of the ``n`` examples drawn from
+clock, exactly as simulated"). Each epoch is a fresh permutation of the ``n`` examples drawn from
 the stream's own generator, cut into ``n // batch_size`` batches (the remainder is left
 out). A batch is a tensor of example indices.
 
