@@ -22,6 +22,9 @@ repetitions of that ratio:
     overhead ratio 1.04  (the format)
 
 Run: ``python bench/sim_overhead.py`` (2 to 3.5 minutes on a shared 2-core machine).
+``--cluster NAME`` simulates on a cluster model instead (a preset such as
+``datacenter``, or a file): the simulator then runs its event loop
+(``dana/sim/clock.py``), whose cost over today's clock this measures.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class SimulatorRun:
             timing="gamma",
             seed=0,
             measure_gap=not args.no_gap,
+            cluster=args.cluster,
         )
 
     def steps(self, n: int) -> float:
@@ -202,6 +206,12 @@ def main() -> None:
     parser.add_argument("--train-size", type=int, default=10_000)
     parser.add_argument("--no-gap", action="store_true", help="simulate with measure_gap=False")
     parser.add_argument(
+        "--cluster",
+        default=None,
+        metavar="FILE_OR_PRESET",
+        help="simulate on this cluster model (default: none, today's clock)",
+    )
+    parser.add_argument(
         "--breakdown", action="store_true", help="first time the parts of a step (~15 s)"
     )
     parser.add_argument(
@@ -219,7 +229,9 @@ def main() -> None:
     d = FlatModel(new_model()).d
     print(
         f"small CNN (d = {d:,}), {source} 1x28x28, batch {args.batch_size}, "
-        f"k = {args.workers} (dana-slim, gamma timing, gap {'off' if args.no_gap else 'on'}), "
+        f"k = {args.workers} (dana-slim, "
+        f"{'cluster ' + args.cluster if args.cluster else 'gamma timing'}, "
+        f"gap {'off' if args.no_gap else 'on'}), "
         f"{args.pushes} steps per run, {args.reps} repetitions, {args.threads} threads"
     )
     if args.breakdown:

@@ -358,3 +358,16 @@ def test_resume_after_kill_on_a_cluster_equals_uninterrupted_run(tmp_path):
         k: v for k, v in b.items() if k != "wall_seconds"
     }
     assert a["leaves"] > 1 and a["lost_computations"] > 0
+
+
+def test_a_cluster_of_nothing_is_the_run_without_one(tmp_path):
+    """A cluster file that sets nothing (no latency, no limits, no drift, no departures)
+    gives the run without a cluster, row for row."""
+    empty = tmp_path / "zero.yaml"
+    empty.write_text("name: zero\nnetwork: {latency_ms: 0}\n")
+    args = [*SMALL, "--workers", "4", "--epochs", "3", "--max-staleness", "2"]
+    plain, zero = tmp_path / "plain", tmp_path / "zero"
+    assert dana("train", *args, "--out", str(plain)).returncode == 0
+    assert dana("train", *args, "--cluster", str(empty), "--out", str(zero)).returncode == 0
+    assert without_wall(read_metrics(zero)) == without_wall(read_metrics(plain))
+    assert json.loads((zero / "summary.json").read_text())["cluster"] == "zero"
