@@ -40,9 +40,8 @@ simulator): shard 0 keeps the floor's start and push gates
 Every ``POLL_SECONDS`` (and after every ``ssgd`` round) the driver drains the servers'
 logs and snapshots, evaluates each evaluation snapshot itself (the servers go on
 meanwhile) and writes each checkpoint snapshot to ``checkpoint.pt``
-(:mod:`dana.ps.points`). Times in the log
-(the ``sim_time`` column) are seconds of training, counted from when every worker was
-ready (and carried over a resume).
+(:mod:`dana.ps.points`). Times in the log (the ``sim_time`` column) are seconds of
+training, counted from when every worker was ready (and carried over a resume).
 """
 
 from __future__ import annotations

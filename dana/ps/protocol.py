@@ -1,8 +1,10 @@
-"""What the workers, the shard servers and the driver say to each other: the one protocol.
+"""What the workers and the shard servers say to each other: the one protocol.
 
 Every argument and reply is a numpy array or a plain value (and, from the head, Ray
 object references), wrapped in the small named types below; the statuses and roles are
-``str`` enums, so that logs and ``dist.json`` show their plain values.
+``str`` enums, so that logs and ``dist.json`` show their plain values. (The driver's
+calls, ``poll``, ``stop``, ``trim``, ..., are the servers' own methods,
+:mod:`dana.ps.shard` and :mod:`dana.ps.head`, made by :mod:`dana.ps.group`.)
 
 A worker calls the head (shard 0), which relays (:mod:`dana.ps.head`):
 
