@@ -50,8 +50,8 @@ from torch import Tensor
 from dana.algorithms.base import Algorithm, move_tensors
 from dana.ps.delay import StepDelay, worker_speed
 from dana.ps.layout import Layout
-from dana.ps.link import ServerLink, find_head
-from dana.ps.server import APPLIED, DUPLICATE, LOCAL, STOP, WAIT
+from dana.ps.link import ServerLink
+from dana.ps.protocol import Push, Status
 from dana.train.batches import BatchStream
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
@@ -99,16 +99,8 @@ class Worker:
         # The workers call shard 0 only, which relays to its standby and the other shards
         # (whose lost ones the driver rebuilds under new names); a lost shard 0 is
         # replaced by its standby, found by name (dana.ps.link.find_head).
-        generation, head = find_head(servers[0])
-        self.link = ServerLink(
-            [head, *([None] * (len(servers) - 1))],
-            Layout(d, self.config.servers, self.config.seed),
-            index,
-            dtype,
-            relay=True,
-            head=servers[0],
-        )
-        self.link.generation = generation
+        layout = Layout(d, self.config.servers, self.config.seed)
+        self.link = ServerLink(servers[0], layout, index, dtype)
         self.sends_offset = self.rule.theta_offset(1.0) is not None
         self.has_buffers = any(True for _ in self.problem.flat.module.buffers())
         self.stream: BatchStream | None = None  # created when this process first joins
@@ -143,13 +135,13 @@ class Worker:
         join = self.stream is None
         pause = WAIT_FIRST
         while True:
-            status, params, lr, last_seq, joins = self.link.pull(join=join)
-            self.seq, self.lr = max(self.seq, last_seq), lr
+            reply = self.link.pull(join=join)
+            self.seq, self.lr = max(self.seq, reply.last_seq), reply.lr
             if join:
-                self._start(joins)
+                self._start(reply.joins)
                 join = False
-            if status != WAIT:
-                return params
+            if reply.status is not Status.WAIT:
+                return reply.params
             counts["wait_replies"] += 1
             pause = _pause(pause)
 
@@ -178,28 +170,28 @@ class Worker:
             self.delay.pad(started)
         self.seq += 1
         counts["sent"] += 1  # pushes sent: the key of dist.json's worker_replies, kept
+        push = Push(self.index, self.seq, _numpy(message), loss, _numpy(offset), buffers)
         pause = WAIT_FIRST
         while True:  # (only a bounded run's held push goes round more than once)
             if message is None or not exchange:
-                statuses = self.link.push(self.seq, message, loss, offset, buffers)
-                following = params if message is None else None
+                reply = self.link.push(push)
             else:
-                statuses, following, lr = self.link.exchange(
-                    self.seq, message, loss, offset, buffers
-                )
-            if statuses[0] != WAIT:
+                reply = self.link.exchange(push)
+            if reply.status is not Status.WAIT:
                 break
             counts["wait_replies"] += 1
             pause = _pause(pause)
-        counts[_REPLY[statuses[0]]] += 1
-        if STOP in statuses:
+        counts[_REPLY[reply.status]] += 1
+        if reply.stop:
             return None
-        if message is None or not exchange:
-            return following
-        if following is None:  # the run is over, or the pull must wait: pull on its own
+        if message is None:  # a local step: the next one computes at the same parameters
+            return params
+        if not exchange:  # ssgd: the next round pulls
+            return None
+        if reply.params is None:  # the run is over, or the pull must wait: pull on its own
             return self._pull(counts)
-        self.lr = lr
-        return following
+        self.lr = reply.lr
+        return reply.params
 
 
 def _pause(seconds: float) -> float:
@@ -208,4 +200,13 @@ def _pause(seconds: float) -> float:
     return min(2 * seconds, WAIT_MAX)
 
 
-_REPLY = {APPLIED: "applied", DUPLICATE: "duplicate", LOCAL: "local", STOP: "stopped"}
+def _numpy(tensor: Tensor | None) -> np.ndarray | None:
+    return None if tensor is None else tensor.numpy()
+
+
+_REPLY = {
+    Status.APPLIED: "applied",
+    Status.DUPLICATE: "duplicate",
+    Status.LOCAL: "local",
+    Status.STOP: "stopped",
+}
