@@ -733,7 +733,9 @@ def test_local_sgd_trains_on_ray_with_two_shards(tmp_path):
         workers=2,
         servers=2,
         epochs=2.0,
-        algorithm_params={"local_steps": 4},
+        # the rate of the single-step rules (the references' outer steps move the master
+        # 0.7/sqrt(k) outer gradients: slower than this test's two epochs need)
+        algorithm_params={"local_steps": 4, "outer_lr": 1.0, "outer_weight": 1.0},
     )
     # one logical CPU per actor (2 shards, 2 workers); they share the cores there are
     with ray_session(None, actors=4):
@@ -761,8 +763,10 @@ def test_dynamic_local_updates_on_ray_size_each_workers_phase_by_its_emulated_sp
         timing="trace",
         timing_params={"path": path},
         time_scale=0.005,
-        algorithm_params={"local_steps": 4, "dynamic_steps": True},
-    )
+        algorithm_params={
+            "local_steps": 4, "dynamic_steps": True, "outer_lr": 1.0, "outer_weight": 1.0
+        },
+    )  # fmt: skip
     with ray_session(None, actors=2):
         runner = run_on_ray(config, tmp_path / "run")
     first = check_accounting(runner)["shards"][0]

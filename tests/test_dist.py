@@ -335,6 +335,82 @@ def test_every_algorithm_on_the_servers_is_the_simulator(name):
 requires_ray = pytest.mark.skipif(ray is None, reason="needs Ray: pip install 'ray>=2.9'")
 
 
+class InProcessLink:
+    """A worker's link to an in-process head (no Ray): the same calls and replies as
+    :class:`dana.ps.link.ServerLink` with one shard."""
+
+    def __init__(self, head: HeadServer):
+        self.head = head
+
+    def pull(self, join: bool = False):
+        from dana.ps.link import Reply
+
+        r = self.head.relay_pull(0, join)
+        params = None if r.params is None else torch.from_numpy(r.params)
+        return Reply(r.status, r.status is STOP, params, r.lr, r.last_seq, r.joins)
+
+    def push(self, push: Push):
+        from dana.ps.link import Reply
+
+        r = self.head.relay_push([push])
+        return Reply(r.status, r.status is STOP, lr=r.lr)
+
+    def exchange(self, push: Push):
+        from dana.ps.link import Reply
+
+        r = self.head.relay_exchange([push])
+        params = None if r.params is None else torch.from_numpy(r.params)
+        return Reply(r.status, r.status is STOP, params, r.lr)
+
+
+@requires_ray
+@pytest.mark.parametrize("name", ["local-sgd", "local-dn"])
+def test_a_ray_worker_takes_each_local_step_at_the_simulators_rate(name, monkeypatch):
+    """Under a warm-up and two decays in the middle of local cycles (H = 3), the Ray
+    worker (dana.ps.worker.Worker, with the head in this process) gives its rule the
+    rate of every step the simulator gives it: the pulled rate for a cycle's first step,
+    then the head's answer to each local step (one worker: the same step counts)."""
+    import dana.ps.worker as worker_module
+    from dana.sim.runner import SimRun
+
+    config = tiny(
+        algorithm=name, workers=1, epochs=1.0, warmup_epochs=0.2, lr_decay_epochs=[0.41, 0.7],
+        algorithm_params={"local_steps": 3}, eval_every=1.0,
+    )  # fmt: skip
+    seen: dict[str, list[float]] = {"sim": [], "ray": []}
+
+    def recording(key: str, rule: Any) -> None:
+        set_lr = rule.set_lr
+
+        def record(lr: float) -> None:
+            seen[key].append(lr)
+            set_lr(lr)
+
+        rule.set_lr = record
+
+    sim_config = TrainConfig(**{**config.to_dict(), "backend": "sim"})
+    run = RunDir(Path(os.environ.get("TMPDIR", "/tmp")) / f"inner-rate-{os.getpid()}-{name}")
+    sim = SimRun(sim_config, run, Problem(sim_config))
+    recording("sim", sim.sim.workers)
+    sim.sim.run(epochs=1.0)
+
+    problem = Problem(config)
+    end = round(config.epochs * problem.dataset.train_size // config.batch_size)
+    head = make_server(
+        config, d=problem.flat.d, batches_per_epoch=problem.dataset.train_size // config.batch_size,
+        end=end,
+    )  # fmt: skip
+    head.master.theta.copy_(problem.initial_params())
+    monkeypatch.setattr(worker_module, "ServerLink", lambda *args: InProcessLink(head))
+    worker = worker_module.Worker(config.to_dict(), 0, ["head"], problem.flat.d)
+    recording("ray", worker.rule)
+    worker.run()
+    # (one step more: computed, pushed and answered "stop" at the end)
+    assert head.steps == end == len(seen["ray"]) - 1 and len(seen["sim"]) >= end
+    assert len(set(seen["sim"][:end])) == 3  # the peak rate and the two decays
+    assert seen["ray"][:end] == seen["sim"][:end]
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     with ray_session(None, actors=8):

@@ -42,7 +42,16 @@ from typing import Any
 
 import numpy as np
 
-from dana.ps.protocol import Entry, HeadExchange, HeadPull, Pulled, Push, Role, Status
+from dana.ps.protocol import (
+    Entry,
+    HeadExchange,
+    HeadPull,
+    HeadPushed,
+    Pulled,
+    Push,
+    Role,
+    Status,
+)
 from dana.ps.relay import Relay
 from dana.ps.shard import ShardServer
 from dana.train.gate import StalenessGate, bounds_staleness
@@ -96,15 +105,16 @@ class HeadServer(ShardServer):
         self.relay.pull(worker)
         return HeadPull(*reply, self.relay.flush()[-1])
 
-    def relay_push(self, parts: list[Push]) -> Status:
+    def relay_push(self, parts: list[Push]) -> HeadPushed:
         """:meth:`push` of shard 0's part, then the same push on the standby and every
-        other shard (its ``parts[s]``, copied) if it was taken."""
+        other shard (its ``parts[s]``, copied) if it was taken; with the rate of the
+        run's next step (a local step's worker takes its next one at it)."""
         if self.role is not Role.HEAD:
-            return Status.NOT_HEAD
+            return HeadPushed(Status.NOT_HEAD, math.nan)
         status = self.push(parts[0])
         self._pass_on(status, parts)
         self.relay.flush()
-        return status
+        return HeadPushed(status, self.lr())
 
     def relay_exchange(self, parts: list[Push]) -> HeadExchange:
         """:meth:`exchange`, relayed."""

@@ -121,8 +121,8 @@ class ServerLink:
     def push(self, push: Push) -> Reply:
         """Push (``push``: the worker's, over the whole vector) to every shard."""
         parts = split(push, self.layout)
-        status = self._call(lambda actor: actor.relay_push.remote(parts))
-        return Reply(status, status is Status.STOP)
+        head = self._call(lambda actor: actor.relay_push.remote(parts))
+        return Reply(head.status, head.status is Status.STOP, lr=head.lr)
 
     def exchange(self, push: Push) -> Reply:
         """Push and pull in one round trip.
@@ -162,7 +162,7 @@ class ServerLink:
             except lost_errors():
                 self.generation, self.head = find_head(self.base, self.generation + 1)
                 continue
-            if (reply if isinstance(reply, Status) else reply.status) is not Status.NOT_HEAD:
+            if reply.status is not Status.NOT_HEAD:
                 return reply
             # A standby not promoted yet (or the head was only out of reach): look again
             # from shard 0 on, after a pause.

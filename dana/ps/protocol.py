@@ -15,10 +15,12 @@ A worker calls the head (shard 0), which relays (:mod:`dana.ps.head`):
   ``join`` marks the first pull of a worker process; the reply tells it the sequence
   number of its last push applied and how often it has joined. ``others``: the
   references of the other shards' :class:`Pulled` replies, which the worker fetches.
-- ``relay_push(parts) -> Status``: one :class:`Push` per shard (:func:`split`), the
+- ``relay_push(parts) -> HeadPushed``: one :class:`Push` per shard (:func:`split`), the
   head's first; :attr:`Status.APPLIED`, :attr:`Status.LOCAL` (a local step, counted),
   :attr:`Status.DUPLICATE` (a repeat, not applied again), :attr:`Status.STOP` (after
-  the run's end), :attr:`Status.WAIT` (held: sent again later with the same ``seq``).
+  the run's end), :attr:`Status.WAIT` (held: sent again later with the same ``seq``);
+  and the rate of the run's next step, at which a worker taking local steps takes its
+  next one (the simulator reads the schedule at every step, so the Ray worker does too).
 - ``relay_exchange(parts) -> HeadExchange``: a push and then a pull, one round trip.
 
 The head passes every call it takes on to its standby and the other shards as a
@@ -172,6 +174,14 @@ class HeadPull(NamedTuple):
     last_seq: int
     joins: int
     others: list[Any]
+
+
+class HeadPushed(NamedTuple):
+    """The head's answer to a worker's push: its status and the rate of the run's next
+    step (``NaN`` from a standby not promoted yet)."""
+
+    status: Status
+    lr: float
 
 
 class HeadExchange(NamedTuple):

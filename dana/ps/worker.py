@@ -10,9 +10,12 @@ own state, e.g. ``dana-slim``'s momentum ``v_i``). One step, as in the simulator
 2. ``rule.set_lr(lr)``, ``message = rule.message(0, g)`` (``None``: a local step,
    counted by the servers, no pull); with ``--time-scale``, sleep to the emulated step
    time (:mod:`dana.ps.delay`; a rule that ``uses_speed``, Dynamic Local Updates, is
-   told this worker's emulated speed relative to the fastest once, at construction). ``lr`` is the learning rate the servers sent with the
-   parameters (the simulator's is the one at the push: they differ only by how far the
-   schedule moved during one step);
+   told this worker's emulated speed relative to the fastest once, at construction).
+   ``lr`` is the rate of the run's next step as the servers last told it: with the
+   pulled parameters, and after a local step with the head's answer to it, so that
+   each local step of a cycle reads the schedule anew, as in the simulator (the
+   simulator's rate is the one at the push: they differ only by how far the schedule
+   moved during one step);
 3. push the message with the next sequence number and pull in the same round trip
    (``exchange``); ``ssgd``: push, and pull again only in the driver's next round.
 
@@ -106,7 +109,7 @@ class Worker:
         self.stream: BatchStream | None = None  # created when this process first joins
         self.delay: StepDelay | None = None
         self.seq = 0  # the sequence number of this worker's last push
-        self.lr = 0.0  # the learning rate the servers gave with the last parameters
+        self.lr = 0.0  # the rate of the next step, as the servers last told it
 
     def ready(self) -> dict[str, str]:
         from dana.ps.cluster import node_of
@@ -184,7 +187,8 @@ class Worker:
         counts[_REPLY[reply.status]] += 1
         if reply.stop:
             return None
-        if message is None:  # a local step: the next one computes at the same parameters
+        if message is None:  # a local step: the next one computes at the same parameters,
+            self.lr = reply.lr  # at the rate of the run's next step, as in the simulator
             return params
         if not exchange:  # ssgd: the next round pulls
             return None
