@@ -19,7 +19,7 @@ from conftest import fake_run
 from dana.cli import build_parser
 from dana.errors import ConfigError
 from dana.experiments.cli import sweep_spec
-from dana.experiments.grid import SweepSpec, cell_name, expand
+from dana.experiments.grid import Cell, SweepSpec, cell_name, expand
 from dana.experiments.presets import load_preset, preset_names
 from dana.experiments.report import build_report
 from dana.experiments.results import load_results
@@ -344,6 +344,34 @@ def test_a_sweep_reuses_finished_runs_of_the_same_settings(swept, tmp_path):
                str(tmp_path / "fourth"), "--reuse", str(tmp_path / "none"), check=False)  # fmt: skip
     assert bad.returncode == 2 and "--reuse" in bad.stderr and "no such directory" in bad.stderr
     assert not (tmp_path / "fourth").exists()
+
+
+def test_a_run_made_with_other_defaults_is_neither_reused_nor_taken_as_finished(swept, tmp_path):
+    """summary.json records the hyper-parameters the algorithm ran with, defaults
+    included: a run whose record differs from what its settings give now (a default
+    changed since) is not copied by --reuse, and a sweep resumed on it refuses it."""
+    from dana.experiments.layout import SweepDir, hparams_differ
+    from dana.experiments.reuse import ReusableRuns
+    from dana.train.rundir import RunDir
+
+    old = tmp_path / "old"
+    shutil.copytree(swept / "runs" / "dana-slim_k2_s0", old / "runs" / "dana-slim_k2_s0")
+    run = RunDir(old / "runs" / "dana-slim_k2_s0")
+    options = {k: v for k, v in run.read_config().items() if k != "dana_version"}
+    summary = run.read_summary()
+    assert summary["algorithm_hparams"] == {"momentum": options["momentum"]}
+    assert hparams_differ(run, options) == ""
+    assert ReusableRuns([old]).find(options) == run.path
+    summary["algorithm_hparams"] = {"momentum": 0.5}  # as if the default had been 0.5
+    run.summary.write_text(json.dumps(summary))
+    assert "momentum: 0.5 there, 0.9 now" in hparams_differ(run, options)
+    assert ReusableRuns([old]).find(options) is None
+    cell = Cell("dana-slim_k2_s0", options)
+    with pytest.raises(ConfigError, match="other hyper-parameters.*a default changed"):
+        SweepDir(old).check_matches(cell, options)
+    del summary["algorithm_hparams"]  # a record older than the field: taken as it is
+    run.summary.write_text(json.dumps(summary))
+    assert ReusableRuns([old]).find(options) == run.path
 
 
 def test_a_failing_run_does_not_stop_the_others(tmp_path):
