@@ -204,6 +204,9 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
         assert c.config().to_dict() == {**twin, "algorithm_params": {"local_steps": 5}}
     fixed = {k: v for k, v in load_preset("fashion-long").fixed.items() if k != "description"}
     assert {k: load_preset("fashion-beyond").fixed.get(k) for k in fixed} == fixed
+    # the third-seed rule in every multi-seed study
+    for name in ("fashion-long", "fashion-beyond", "fashion-dylu", "fashion-k64"):
+        assert load_preset(name).more_seeds == {"above_spread": 2, "seeds": [2]}, name
     k64 = expand(load_preset("fashion-k64"))
     assert len(k64) == 16 and {c.workers for c in k64} == {1, 64}
     config = k64[0].config()
