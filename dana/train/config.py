@@ -27,13 +27,12 @@ import yaml
 from dana import algorithms
 from dana.algorithms.base import Algorithm
 from dana.errors import ConfigError
-from dana.train.backends import RUNNERS
+from dana.train.backends import check_name
 from dana.train.cluster import check_workers as check_cluster_workers
 from dana.train.cluster import resolve_cluster, timing_of
 from dana.train.partition import parse_partition
 from dana.train.timing import TIMING_MODELS
 
-BACKENDS = tuple(RUNNERS)
 LR_SCALINGS = ("none", "linear")
 #: The automatic warm-up gives each worker this many steps (the paper's protocol gives
 #: ~61 at k = 32); see TrainConfig.warmup_epochs_for.
@@ -170,6 +169,7 @@ class TrainConfig:
         what it got."""
         for name, rule in SCHEMA.items():
             rule.check(name, getattr(self, name))
+        backend = check_name(self.backend)
         if self.algorithm not in algorithms.ALGORITHMS:
             raise ConfigError(
                 f"--algorithm {self.algorithm!r} is unknown; choose one of: "
@@ -200,27 +200,29 @@ class TrainConfig:
                 "into shards; use --servers 1"
             )
         _check_algorithm_params(self.algorithm, self.algorithm_params)
-        self._check_cluster()
+        self._check_cluster(backend.cluster_model)
         kind, _ = parse_partition(self.partition)
-        if kind != "iid" and self.backend != "sim":
+        if kind != "iid" and not backend.partitions:
             raise ConfigError(
                 f"--partition {self.partition}: data per worker is simulated only for now "
-                "(--backend sim); the Ray workers draw from one shared stream (--partition iid)"
+                f"(--backend sim); the workers of --backend {self.backend} draw from one "
+                "shared stream (--partition iid)"
             )
         if self.device == "cuda":
             from dana.train.device import check_cuda
 
             check_cuda("--device cuda")
-        if self.build_algorithm().uses_speed and self.backend == "ray" and self.time_scale <= 0:
+        if self.build_algorithm().uses_speed and backend.wall_clock and self.time_scale <= 0:
             raise ConfigError(
                 f"--algorithm {self.algorithm} with dynamic_steps sizes each worker's local "
-                "phase by its speed relative to the fastest worker's, which a Ray worker "
-                "knows only from the emulated step times: pass --time-scale S > 0 (with "
-                "--timing heterogeneous or trace), or set dynamic_steps to false"
+                f"phase by its speed relative to the fastest worker's, which a worker of "
+                f"--backend {self.backend} knows only from the emulated step times: pass "
+                "--time-scale S > 0 (with --timing heterogeneous or trace), or set "
+                "dynamic_steps to false"
             )
         return self
 
-    def _check_cluster(self) -> None:
+    def _check_cluster(self, simulated: bool) -> None:
         """Resolve ``cluster`` (a preset name or a file) into the model it names, check
         it, and set ``timing`` and ``timing_params`` to its compute model's (a cluster
         without one takes them: dana.train.cluster.resolve_cluster)."""
@@ -230,11 +232,11 @@ class TrainConfig:
         self.cluster = resolve_cluster(self.cluster, self.timing, self.timing_params, given)
         self.timing, self.timing_params = timing_of(self.cluster)
         check_cluster_workers(self.cluster, self.workers)
-        if self.backend != "sim":
+        if not simulated:
             raise ConfigError(
                 f"--cluster {self.cluster['name']}: a cluster model is simulated (--backend "
-                "sim); a Ray run is a cluster of its own (emulate step times with --timing "
-                "and --time-scale)"
+                f"sim); --backend {self.backend} runs on a cluster of its own (emulate step "
+                "times with --timing and --time-scale)"
             )
 
     def build_algorithm(self) -> Algorithm:
@@ -388,7 +390,7 @@ SCHEMA: dict[str, Rule] = {
     "mlflow": Rule(str, optional=True),
     "mlflow_experiment": Rule(str),
     "dtype": Rule(str, choices=DTYPES),
-    "backend": Rule(str, choices=BACKENDS),
+    "backend": Rule(str),  # a registered runner: checked in validate (dana.train.backends)
     "address": Rule(str, optional=True),
     "servers": Rule(int, low=1),
     "standby": Rule(bool),
