@@ -241,7 +241,7 @@ def test_simulate_with_batch_workers_and_threads():
     assert bat.engine is not None and par.engine is not None and seq.engine is None
     assert torch.allclose(bat.params(), seq.params(), rtol=0, atol=1e-12)
     assert torch.equal(par.params(), seq.params())
-    with pytest.raises(ValueError, match="batch_workers"):
+    with pytest.raises(ValueError, match="batch.workers"):
         run(batch_workers=0)
 
 
