@@ -113,6 +113,25 @@ def test_a_sweep_file_is_overridden_by_the_command_line(tmp_path):
     assert len(cells) == 6
 
 
+def test_clusters_are_a_grid_axis_with_short_cell_names(tmp_path):
+    """`--clusters` (or `cluster:` in a grid) crosses clusters; a cell is named by its
+    cluster and split, and its config holds the resolved cluster, as config.json will."""
+    cluster = tmp_path / "slowlink.yaml"
+    cluster.write_text("network: {latency_ms: 5}\n")
+    args = ["sweep", "--algorithms", "asgd", "--workers", "4", "--seeds", "0",
+            "--clusters", f"geo,{cluster}", "--grid", "partition=iid,shards:2"]  # fmt: skip
+    cells = expand(sweep_spec(build_parser().parse_args(args)))
+    assert [c.name for c in cells] == [
+        "asgd_k4_s0_geo_iid",
+        "asgd_k4_s0_geo_shards2",
+        "asgd_k4_s0_slowlink_iid",
+        "asgd_k4_s0_slowlink_shards2",
+    ]
+    config = cells[3].config()
+    assert config.cluster["name"] == "slowlink" and config.cluster["network"]["latency_ms"] == 5.0
+    assert config.partition == "shards:2"
+
+
 def test_grid_rejects_unknown_options_and_bad_values():
     with pytest.raises(ConfigError, match="unknown grid option"):
         SweepSpec.from_dict({"grid": {"learning_rate": [0.1]}})
