@@ -358,7 +358,7 @@ def test_dana_slim_stays_dana_zero_across_leaves_and_joins(other):
     assert np.array_equal(a["worker"], b["worker"]) and np.array_equal(a["sim_time"], b["sim_time"])
     assert np.allclose(a["gap"], b["gap"], rtol=1e-9, atol=1e-14)
     assert torch.allclose(slim.sent, zero.sent, rtol=0, atol=1e-12)  # what each pulled
-    theta = slim.workers.true_params(
+    theta = slim.worker_rule.true_params(
         slim.master.gap_reference(), LR, torch.empty_like(zero.params())
     )
     assert torch.allclose(theta, zero.params(), rtol=0, atol=1e-12)  # dana-slim's true theta

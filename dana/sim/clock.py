@@ -146,7 +146,7 @@ class Clock:
 
     def _finish(self, i: int, t: float) -> None:
         sim = self.sim
-        if sim.workers.local_steps:
+        if sim.worker_rule.local_steps:
             grad, loss = sim._gradient(i)
             lr = sim.lr()
             message = sim._message(i, grad, lr)
@@ -238,7 +238,7 @@ class Clock:
             sim.gate.forget(i)
         if sim.master.leave(i, sim.lr()):
             sim.updates += 1
-        sim.workers.leave(i)
+        sim.worker_rule.leave(i)
         if self.rejoin[i] is not None:
             self._at(self.rejoin[i], JOIN, i)
         if sim.synchronous:
@@ -251,7 +251,7 @@ class Clock:
         self.away[i] = False
         self.joins += 1
         sim.master.join(i)
-        sim.workers.join(i)
+        sim.worker_rule.join(i)
         self._at(t + self.network.latency[i], REQUEST, i)
         self._next_spell(i, t)
 

@@ -46,10 +46,10 @@ class Backend:
 #: The runners, by ``--backend`` name (:func:`register` adds one).
 RUNNERS: dict[str, Backend] = {
     "sim": Backend(
-        "dana.sim.runner", "SimRun", deterministic=True, cluster_model=True, partitions=True
+        "dana.sim.driver", "SimRun", deterministic=True, cluster_model=True, partitions=True
     ),
     "ray": Backend(
-        "dana.ps.launcher",
+        "dana.ps.driver",
         "RayRun",
         needs="ray",
         install="pip install 'ray>=2.9'",
