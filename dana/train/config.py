@@ -166,8 +166,8 @@ class TrainConfig:
             rule.check(name, getattr(self, name))
         if self.algorithm not in algorithms.ALGORITHMS:
             raise ConfigError(
-                f"--algorithm {self.algorithm!r} is unknown; choose one of: "
-                f"{', '.join(algorithms.ALGORITHMS)} (see `dana algorithms`)"
+                f"--algorithm {self.algorithm!r} is unknown{algorithms.did_you_mean(self.algorithm)}"
+                f"; choose one of: {', '.join(algorithms.ALGORITHMS)} (see `dana algorithms`)"
             )
         if self.momentum >= 1:
             raise ConfigError(f"--momentum must be in [0, 1), got {self.momentum!r}")
