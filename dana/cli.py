@@ -9,6 +9,7 @@ is left half-written); 3 the training diverged (a result: ``summary.json`` says 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from dana.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_FAULT, EXIT_INTERRUPTED, EXIT_OK
@@ -79,10 +80,22 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{summary['diverged_at_update']} (loss became NaN or infinite). Results in {out}."
         )
         return EXIT_DIVERGED
+    if "final_test_perplexity" in summary:  # a language model
+        result = (
+            f"final test loss {summary['final_test_loss']:.4f} (perplexity "
+            f"{summary['final_test_perplexity']:.3f}, next-token error "
+            f"{100 * summary['final_test_error']:.2f}%)"
+        )
+    elif math.isfinite(summary["final_test_error"]):
+        result = (
+            f"final test error {100 * summary['final_test_error']:.2f}% (best "
+            f"{100 * summary['best_test_error']:.2f}%)"
+        )
+    else:
+        result = f"final test loss {summary['final_test_loss']:.4g}"
     print(
-        f"{config.algorithm}, {config.workers} workers: final test error "
-        f"{100 * summary['final_test_error']:.2f}% (best {100 * summary['best_test_error']:.2f}%), "
-        f"mean gap {summary['mean_gap']:.3g}, mean staleness {summary['mean_staleness']:.1f}. "
+        f"{config.algorithm}, {config.workers} workers: {result}, mean gap "
+        f"{summary['mean_gap']:.3g}, mean staleness {summary['mean_staleness']:.1f}. "
         f"Results in {out}."
     )
     return EXIT_OK

@@ -15,6 +15,7 @@ A NaN or infinite loss is a result, not a crash: the run stops, ``summary.json``
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,11 @@ def stop_points(
         return {min(end, round(i * every * batches_per_epoch)) for i in range(1, n + 1)}
 
     evals = {0, end} | multiples(config.eval_every)
-    checkpoints = multiples(config.checkpoint_every) - {end}
+    # The last checkpoint is the end state (with --checkpoint-every): it holds the run
+    # as it finished, whatever the interval.
+    checkpoints = multiples(config.checkpoint_every) | (
+        {end} if config.checkpoint_every > 0 else set()
+    )
     return sorted(evals | checkpoints), evals, checkpoints
 
 
@@ -92,6 +97,7 @@ def train(
     if config.backend == "sim":
         check_memory(config, problem.flat.d)
     run.settings = json.dumps(config.to_dict(), sort_keys=True)
+    run.derived = dict(problem.derived)
     state = None
     if resume:
         run.remove_temporaries()
@@ -112,7 +118,9 @@ def train(
         if config.tensorboard:
             run.open_tensorboard()
         title = f"{config.algorithm}, k={config.workers}, {config.model} on {config.dataset}"
-        summary = execute_run(runner, config, run, title, progress)
+        summary = execute_run(
+            runner, config, run, title, progress, keep_model=lambda: problem.save_model(run.path)
+        )
     except DanaError:
         if not resume and not (run.checkpoint.is_file() or run.metrics.is_file()):
             run.remove_own(keep_folder=not created)  # a failed start leaves nothing
@@ -127,12 +135,18 @@ def start_run(run: RunDir, config: TrainConfig, version: str) -> None:
 
 
 def execute_run(
-    runner: Any, config: TrainConfig, run: RunDir, title: str, progress: bool
+    runner: Any,
+    config: TrainConfig,
+    run: RunDir,
+    title: str,
+    progress: bool,
+    keep_model: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
     """A run's life on any runner, as ``dana train`` and :func:`dana.fit` live it: track it
     in MLflow (``config.mlflow``), ``runner.execute`` with a progress reporter titled
     ``title``, close the run directory's writers whatever happens, then write
-    ``summary.json`` and the curves and finish the MLflow run. A failure (an
+    ``summary.json``, the final model (``keep_model()``: ``model.safetensors``) and the
+    curves, and finish the MLflow run (the model among its artifacts). A failure (an
     interruption too) marks the MLflow run failed and propagates. The summary."""
     tracker = None
     if config.mlflow:
@@ -148,6 +162,8 @@ def execute_run(
         raise
     finally:
         run.close()
+    if keep_model is not None:
+        keep_model()
     run.write_summary(summary)
     if runner.rows:
         run.write_plot(runner.rows, title)
