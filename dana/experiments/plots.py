@@ -1,5 +1,9 @@
 """The report's PNG figures, each written atomically.
 
+Each shows the report's metric (:class:`~dana.experiments.results.Metric`): the test
+error in %, or the test loss where there is no error to compare (a language model's
+with its perplexity, ``exp(loss)``, on a second axis).
+
 - ``error_curves.png``: test error against epochs, one panel per worker count, one line
   per algorithm (mean over seeds at each evaluation), the baseline dashed in each panel;
 - ``error_vs_workers.png``: final test error against k, one line per algorithm, the
@@ -27,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from dana.atomic import atomic_path
-from dana.experiments.results import Group, Results
+from dana.experiments.results import Group, Metric, Results
 from dana.experiments.targets import Target, speedup_bounds, speedup_cells
 
 
@@ -62,15 +66,24 @@ def _styles(rows: list[str]) -> dict[str, dict[str, str]]:
 
 
 def mean_curve(group: Group) -> tuple[np.ndarray, np.ndarray]:
-    """(epochs, mean test error in %) over the group's runs, at each evaluation epoch
-    where every run that got that far has a finite error (a diverged run ends early)."""
+    """(epochs, mean of the metric: test error in %, or test loss) over the group's
+    runs, at each evaluation epoch where every run that got that far has a finite
+    value (a diverged run ends early)."""
     by_epoch: dict[float, list[float]] = defaultdict(list)
+    key, scale = group.metric.key, group.metric.scale
     for run in group.runs:
         for row in run.metrics:
-            if math.isfinite(row["test_error"]):
-                by_epoch[round(row["epoch"], 6)].append(row["test_error"])
+            if math.isfinite(row[key]):
+                by_epoch[round(row["epoch"], 6)].append(row[key])
     epochs = np.array(sorted(by_epoch))
-    return epochs, np.array([100 * np.mean(by_epoch[e]) for e in epochs])
+    return epochs, np.array([scale * np.mean(by_epoch[e]) for e in epochs])
+
+
+def _perplexity_axis(ax, metric: Metric) -> None:
+    """A second y axis giving a language model's loss as its perplexity, exp(loss)."""
+    if metric.perplexity:
+        axis = ax.secondary_yaxis("right", functions=(lambda v: np.exp(np.minimum(v, 700)), np.log))
+        axis.set_ylabel("perplexity")
 
 
 def plot_error_curves(results: Results, path: Path) -> Path:
@@ -92,7 +105,12 @@ def plot_error_curves(results: Results, path: Path) -> Path:
                 continue
             epochs, errors = mean_curve(group)
             ax.plot(epochs, errors, **styles[row], marker=".", label=row)
-        ax.set(title=f"k = {k}", xlabel="epoch", ylabel="test error (%)")
+        ax.set(
+            title=f"k = {k}",
+            xlabel="epoch",
+            ylabel=results.metric.title.replace(" (perplexity)", ""),
+        )
+        _perplexity_axis(ax, results.metric)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(ks) :]:
         ax.axis("off")
@@ -236,19 +254,24 @@ def error_vs_workers_figure(results: Results):
     """The figure of ``error_vs_workers.png`` (its axes: ``fig.axes[0]``)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    metric = results.metric
     series = _points(
-        results, lambda g: 100 * float(np.mean(g.errors())) if len(g.errors()) else math.nan
+        results,
+        lambda g: metric.scale * float(np.mean(g.finals())) if len(g.finals()) else math.nan,
     )
-    top = min(100.0, robust_top(series, ERROR_CLIP_FACTOR))
-    _draw_against_workers(ax, results, series, top if math.isfinite(top) else 100.0, log=False)
+    ceiling = 100.0 if metric.is_error else math.inf
+    top = min(ceiling, robust_top(series, ERROR_CLIP_FACTOR))
+    _draw_against_workers(ax, results, series, top if math.isfinite(top) else ceiling, log=False)
     base = results.baseline()
-    if base is not None and len(base.errors()):
-        level = 100 * float(base.errors().mean())
+    if base is not None and len(base.finals()):
+        level = metric.scale * float(base.finals().mean())
         ax.axhline(level, color="k", ls="--", lw=1, label="baseline k=1")
         bottom, top = ax.get_ylim()  # (set before the line: it must lie inside them)
         if level < bottom:
             ax.set_ylim(max(0.0, level - 0.05 * (top - level)), top)
-    ax.set(ylabel="final test error (%)", title="final test error (mean over seeds)")
+    name = metric.title.replace(" (perplexity)", "")
+    ax.set(ylabel=f"final {name}", title=f"final {metric.name} (mean over seeds)")
+    _perplexity_axis(ax, metric)
     _workers_axis(ax, results)
     fig.tight_layout()
     _legend_outside(ax)
@@ -295,7 +318,7 @@ def speedups_figure(results: Results, targets: list[Target]):
     styles = _styles(results.rows)
     for column, target in enumerate(targets):
         ax, grid = axes[0, column], axes[1, column]
-        title = f"speed-up over ssgd to {100 * target.value:.2f}% test error"
+        title = f"speed-up over ssgd to {results.metric.show(target.value)}"
         ax.set(ylabel="speed-up over ssgd (simulated time)", title=title)
         _workers_axis(ax, results)
         ax.set_xticks(ks, [str(k) for k in ks])

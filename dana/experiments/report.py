@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from dana.atomic import write_text_atomic
+from dana.errors import DanaError
 from dana.experiments import plots
-from dana.experiments.glance import GLANCE_RULE, glance_sentences, glance_table
-from dana.experiments.results import Results, load_results, sweep_record
+from dana.experiments.glance import glance_rule, glance_sentences, glance_table
+from dana.experiments.results import TEST_ERROR, Metric, Results, load_results, sweep_record
 from dana.experiments.table import (
     ERROR_RULE,
     error_table,
@@ -66,6 +67,7 @@ class Report:
     target: float | None
     files: list[Path] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)
+    metric: Metric = TEST_ERROR
 
 
 def build_report(
@@ -74,12 +76,19 @@ def build_report(
     *,
     target: float | None = None,
     baseline: str | None = None,
+    target_in_percent: bool = False,
 ) -> Report:
     """Read the results under ``path`` and write report.md and the plots into ``out``.
 
-    Time to target: ``target`` (a fraction) if given, else the baseline's final error
-    + 0.5 pp and + 1 pp (:func:`~dana.experiments.targets.choose_targets`)."""
+    Time to target: ``target`` if given (a test error as a fraction, or where the report
+    compares the test loss, a loss; ``target_in_percent``: a test error given in percent,
+    as ``--target`` gives it), else the baseline's final error + 0.5 pp and + 1 pp (a
+    loss: + 0.01 and + 0.02; :func:`~dana.experiments.targets.choose_targets`)."""
     results = load_results(path, baseline)
+    if target is not None and target_in_percent and results.metric.is_error:
+        if not 0 < target <= 100:
+            raise DanaError(f"--target is a test error in %, in (0, 100], got {target:g}")
+        target = target / 100
     out = Path(out) if out is not None else Path(path)
     files = [
         plots.plot_error_curves(results, out / "error_curves.png"),
@@ -94,7 +103,7 @@ def build_report(
     report_file = out / "report.md"
     write_text_atomic(report_file, text)
     used = next((t.value for t in targets if t.skip is None), None)
-    return Report(text, table, used, [report_file, *files], targets)
+    return Report(text, table, used, [report_file, *files], targets, results.metric)
 
 
 def _markdown(results: Results, table: str, targets: list[Target]) -> str:
@@ -118,17 +127,20 @@ def _markdown(results: Results, table: str, targets: list[Target]) -> str:
             "",
         ]
     lines += _glance(results)
+    metric = results.metric
+    if not metric.is_error:
+        lines += [_metric_text(results), ""]
     lines += [
-        "## Final test error (%)",
+        f"## Final {metric.title}",
         "",
         table,
         "",
         ERROR_RULE,
         _baseline_text(results),
         "",
-        "![final error vs workers](error_vs_workers.png)",
+        f"![final {metric.name.removeprefix('test ')} vs workers](error_vs_workers.png)",
         "",
-        "![test error vs epochs](error_curves.png)",
+        f"![{metric.name} vs epochs](error_curves.png)",
         "",
         "## Mean gap",
         "",
@@ -204,19 +216,39 @@ def _glance(results: Results) -> list[str]:
     table = glance_table(results)
     lines = ["## The claim at a glance", ""]
     if not table:
-        if results.baseline() is None or not len(results.baseline().errors()):
+        if results.baseline() is None or not len(results.baseline().finals()):
             return lines + ["No finished one-worker baseline to compare with.", ""]
         return lines + ["No runs with k > 1 to compare with the baseline.", ""]
     lines += [
-        "Final test error minus the one-worker baseline's, in percentage points "
-        "(positive: worse than the baseline):",
+        (
+            "Final test error minus the one-worker baseline's, in percentage points "
+            "(positive: worse than the baseline):"
+            if results.metric.is_error
+            else "Final test loss minus the one-worker baseline's (positive: worse than "
+            "the baseline):"
+        ),
         "",
         table,
         "",
-        GLANCE_RULE,
+        glance_rule(results.metric),
         "",
     ]
     return lines + [f"- {sentence}" for sentence in glance_sentences(results)] + [""]
+
+
+def _metric_text(results: Results) -> str:
+    """What a report on the test loss compares, and why."""
+    if results.metric.perplexity:
+        return (
+            "These are language models: the report compares the test loss (the mean "
+            "cross-entropy of every next token, in nats), each with its perplexity "
+            "exp(loss) in brackets in the tables and on the plots' right axis; "
+            "metrics.csv also holds the next-token error."
+        )
+    return (
+        "These runs have no error rate (their targets are not classes): the report "
+        "compares the test loss."
+    )
 
 
 def _baseline_text(results: Results) -> str:

@@ -8,6 +8,10 @@ summary yet), or ``failed`` (no summary, and the sweep's ``sweep.json`` says it 
 Runs are grouped by *row* (the algorithm, plus any other setting that differs between
 runs and is not at its default, such as ``lr=0.05``) and worker count; the seeds of a
 group are its samples.
+
+A report compares one :class:`Metric` (:func:`choose_metric`): the test error (in %),
+or the test loss where there is no error to compare: language models (shown with their
+perplexity, ``exp(loss)``) and runs whose metrics have no error rate (a regression).
 """
 
 from __future__ import annotations
@@ -24,6 +28,86 @@ import numpy as np
 from dana.errors import DanaError
 from dana.train.config import TrainConfig
 from dana.train.rundir import RunDir
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What a report compares: a column of ``metrics.csv`` (``key``), its final value in
+    ``summary.json`` (``final_key``), how it is named and shown. ``scale``: 100 for an
+    error shown in percent (differences in percentage points, "pp"), 1 for a loss.
+    ``offsets``: the default time-to-target targets, the baseline's final value plus
+    each (:func:`~dana.experiments.targets.choose_targets`). ``perplexity``: also show
+    ``exp(value)`` (a language model's loss)."""
+
+    key: str
+    final_key: str
+    name: str
+    scale: float
+    offsets: tuple[float, ...]
+    perplexity: bool = False
+
+    @property
+    def is_error(self) -> bool:
+        return self.key == "test_error"
+
+    @property
+    def title(self) -> str:
+        """``test error (%)``, ``test loss``, ``test loss (perplexity)``."""
+        if self.is_error:
+            return f"{self.name} (%)"
+        return f"{self.name} (perplexity)" if self.perplexity else self.name
+
+    @property
+    def unit(self) -> str:
+        """The unit of a difference: ``pp`` (percentage points), or none for a loss."""
+        return "pp" if self.is_error else ""
+
+    def number(self, value: float) -> str:
+        """A value as a table's cell shows it: ``12.34`` (%), ``1.2345`` (a loss)."""
+        return f"{self.scale * value:.2f}" if self.is_error else f"{value:.4f}"
+
+    def show(self, value: float) -> str:
+        """A value in a sentence: ``12.34% test error``, ``test loss 1.2345
+        (perplexity 3.44)``."""
+        if self.is_error:
+            return f"{self.scale * value:.2f}% {self.name}"
+        text = f"{self.name} {value:.4f}"
+        return text + (f" (perplexity {_exp(value):.2f})" if self.perplexity else "")
+
+    def difference(self, value: float) -> str:
+        """A difference: ``+0.50 pp``, ``+0.0100``."""
+        if self.is_error:
+            return f"{self.scale * value:+.2f} pp"
+        return f"{value:+.4f}"
+
+
+#: The test error: every classifier's runs.
+TEST_ERROR = Metric("test_error", "final_test_error", "test error", 100.0, (0.005, 0.01))
+#: The test loss, where the runs have no error rate (NaN in metrics.csv).
+TEST_LOSS = Metric("test_loss", "final_test_loss", "test loss", 1.0, (0.01, 0.02))
+#: A language model's test loss (nats per token), shown with its perplexity; a target
+#: 0.01 above the baseline's is a perplexity 1% above it.
+LM_LOSS = Metric("test_loss", "final_test_loss", "test loss", 1.0, (0.01, 0.02), True)
+
+
+def _exp(value: float) -> float:
+    return math.exp(value) if value < 700 else math.inf
+
+
+def choose_metric(runs: list[Run]) -> Metric:
+    """:data:`LM_LOSS` for language models (a ``text`` dataset, or rows with a test
+    perplexity), :data:`TEST_LOSS` when no run has a finite test error, else
+    :data:`TEST_ERROR`."""
+    if any(
+        r.config.get("dataset") == "text" or (r.metrics and "test_perplexity" in r.metrics[0])
+        for r in runs
+    ):
+        return LM_LOSS
+    finite = any(
+        math.isfinite(row.get("test_error", math.nan)) for r in runs for row in r.metrics
+    ) or any(math.isfinite(_number((r.summary or {}).get("final_test_error"))) for r in runs)
+    return TEST_ERROR if finite or not any(r.metrics or r.summary for r in runs) else TEST_LOSS
+
 
 #: Settings that never split rows: the axes of the table and the sample index, and
 #: settings that do not change the result.
@@ -48,6 +132,7 @@ class Run:
     summary: dict[str, Any] | None
     metrics: list[dict[str, float]]
     status: str  # finished, diverged, incomplete, failed
+    metric: Metric = TEST_ERROR  # what the report compares (load_results sets it)
 
     @property
     def algorithm(self) -> str:
@@ -62,11 +147,12 @@ class Run:
         return int(self.config.get("seed", 0))
 
     @property
-    def final_error(self) -> float:
-        """Final test error (NaN unless finished without diverging)."""
+    def final(self) -> float:
+        """The final value of the report's metric (NaN unless finished without
+        diverging)."""
         if self.status != "finished" or self.summary is None:
             return math.nan
-        return _number(self.summary.get("final_test_error"))
+        return _number(self.summary.get(self.metric.final_key))
 
     @property
     def mean_gap(self) -> float:
@@ -82,6 +168,11 @@ class Group:
     runs: list[Run] = field(default_factory=list)
 
     @property
+    def metric(self) -> Metric:
+        """The metric the report compares (its runs')."""
+        return self.runs[0].metric if self.runs else TEST_ERROR
+
+    @property
     def results(self) -> list[Run]:
         """The runs with a result: finished or diverged."""
         return [r for r in self.runs if r.status in ("finished", "diverged")]
@@ -94,9 +185,10 @@ class Group:
     def failed(self) -> int:
         return sum(1 for r in self.runs if r.status == "failed")
 
-    def errors(self) -> np.ndarray:
-        """Final test errors of the runs that finished without diverging."""
-        return np.array([r.final_error for r in self.runs if r.status == "finished"])
+    def finals(self) -> np.ndarray:
+        """The final values of the report's metric (test errors, or losses) of the runs
+        that finished without diverging."""
+        return np.array([r.final for r in self.runs if r.status == "finished"])
 
     def gaps(self) -> np.ndarray:
         """Mean gaps of the runs with a result (a diverged run's gap up to divergence)."""
@@ -113,6 +205,7 @@ class Results:
     baseline_algorithm: str | None = None
     groups: dict[tuple[str, int], Group] = field(default_factory=dict)
     row_keys: list[str] = field(default_factory=list)
+    metric: Metric = TEST_ERROR
 
     @property
     def rows(self) -> list[str]:
@@ -175,7 +268,9 @@ def load_results(path: str | Path, baseline: str | None = None) -> Results:
         )
     if baseline is None:
         baseline = _sweep_baseline(path)
-    results = Results(path, runs, baseline)
+    results = Results(path, runs, baseline, metric=choose_metric(runs))
+    for run in runs:
+        run.metric = results.metric
     results.row_keys = _row_keys(runs)
     for run in runs:
         row = row_label(run.config, results.row_keys)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dana.atomic import atomic_path
+from dana.atomic import write_atomic
 from dana.errors import DanaError
 
 #: The file's name in a run directory.
@@ -63,8 +63,7 @@ def save_model(path: str | os.PathLike[str], module: nn.Module, info: dict[str, 
         seen[key] = name
         tensors[name] = value.detach().to("cpu").clone().contiguous()
     metadata = {_META: json.dumps(info, sort_keys=True), _ALIASES: json.dumps(aliases)}
-    with atomic_path(path) as tmp:
-        st.save_file(tensors, str(tmp), metadata=metadata)
+    write_atomic(path, st.save(tensors, metadata=metadata))
     return path
 
 
