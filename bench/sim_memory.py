@@ -107,7 +107,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.smoke:
-        args.workers, args.d, args.pushes = [1, 4], 10_000, 40
+        args.workers, args.d, args.pushes = [1, 4], 100_000, 40
     ks = sorted(set(args.workers))
     if len(ks) < 2:
         parser.error("give at least two worker counts")

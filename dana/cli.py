@@ -106,7 +106,8 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
 
     width = max(map(len, algorithms.ALGORITHMS))
     for name, cls in algorithms.ALGORITHMS.items():
-        params = ", ".join(algorithms.hparam_names(name)) or "-"
+        defaults = algorithms.hparam_defaults(name)
+        params = ", ".join(f"{key}={value!r}" for key, value in defaults.items()) or "-"
         print(f"{name:<{width}}  {cls.summary}  [{params}]")
     return EXIT_OK
 
@@ -144,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "algorithms",
         help="list the algorithms",
-        description="List the algorithms with one line each and their hyper-parameters.",
+        description="List the algorithms, one line each, with their hyper-parameters and defaults.",
     )
     p.set_defaults(func=cmd_algorithms)
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dana.algorithms as A
-from dana.algorithms.base import Algorithm, MasterRule
+from dana.algorithms.base import Algorithm, MasterRule, MomentumAlgorithm
 from dana.sim import Simulator
 from dana.train.flat import FlatModel
 
@@ -215,7 +215,7 @@ class _MomentumAsgdMaster(MasterRule):
         return True
 
 
-class _MomentumAsgd(Algorithm):
+class _MomentumAsgd(MomentumAlgorithm):
     name = "test-momentum-asgd"
     summary = "momentum ASGD, the reference for dc-asgd with lc = 0"
     master_rule = _MomentumAsgdMaster

@@ -11,8 +11,9 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
-import inspect
+import typing
 from typing import Any
 
 from dana.algorithms.asgd import Asgd, MultiAsgd, NagAsgd
@@ -89,8 +90,21 @@ def get(name: str) -> type[Algorithm]:
 
 
 def hparam_names(name: str) -> list[str]:
-    """The hyper-parameters ``name``'s constructor accepts."""
-    return [p for p in inspect.signature(get(name).__init__).parameters if p != "self"]
+    """The hyper-parameters of ``name``: its dataclass fields, in order."""
+    return [f.name for f in dataclasses.fields(get(name))]
+
+
+def hparam_defaults(name: str) -> dict[str, Any]:
+    """Each hyper-parameter of ``name`` and its default value."""
+    return {f.name: f.default for f in dataclasses.fields(get(name))}
+
+
+def hparam_types(name: str) -> dict[str, Any]:
+    """Each hyper-parameter of ``name`` and its declared type (``float``, ``int | None``,
+    ...), the field annotations resolved."""
+    cls = get(name)
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
 def build(name: str, **hparams: Any) -> Algorithm:
@@ -113,6 +127,8 @@ __all__ = [
     "build",
     "did_you_mean",
     "get",
+    "hparam_defaults",
     "hparam_names",
+    "hparam_types",
     "register",
 ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm, MasterRule
+from dana.algorithms.base import Algorithm, MasterRule, MomentumAlgorithm
 from dana.algorithms.functional import momentum_step, nesterov_pull
 
 
@@ -43,9 +43,6 @@ class Asgd(Algorithm):
     name = "asgd"
     summary = "asynchronous SGD, no momentum: theta -= lr*g"
     master_rule = AsgdMaster
-
-    def __init__(self) -> None:
-        pass
 
 
 class NagAsgdMaster(MasterRule):
@@ -69,19 +66,17 @@ class NagAsgdMaster(MasterRule):
         return True
 
 
-class NagAsgd(Algorithm):
+class NagAsgd(MomentumAlgorithm):
     """ASGD with one Nesterov momentum at the master (look-ahead on pull)."""
 
     name = "nag-asgd"
     summary = "ASGD with one shared Nesterov momentum at the master"
     master_rule = NagAsgdMaster
 
-    def __init__(self, momentum: float = 0.9):
-        super().__init__(momentum)
-
 
 class MultiAsgdMaster(MasterRule):
-    """Multi-ASGD's master: one momentum per worker, ``v_i = m*v_i + g; theta -= lr*v_i``
+    """Multi-ASGD's master (a baseline of Hakimi et al., arXiv 1907.11612): one heavy-ball
+    momentum per worker (Polyak 1964), ``v_i = m*v_i + g; theta -= lr*v_i``
     (:func:`~dana.algorithms.functional.momentum_step`); pulls send ``theta``."""
 
     state_keys = ("theta", "v")
@@ -96,12 +91,9 @@ class MultiAsgdMaster(MasterRule):
         return True
 
 
-class MultiAsgd(Algorithm):
+class MultiAsgd(MomentumAlgorithm):
     """ASGD with one momentum vector per worker at the master."""
 
     name = "multi-asgd"
     summary = "ASGD with one momentum vector per worker at the master"
     master_rule = MultiAsgdMaster
-
-    def __init__(self, momentum: float = 0.9):
-        super().__init__(momentum)

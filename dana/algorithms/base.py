@@ -16,15 +16,18 @@ algorithm asks (``uses_speed``), is each worker's speed relative to the fastest
 (``workers.set_speed(i, s_i)``, once, before the first event): Dynamic Local Updates
 size a worker's local phase by it.
 
-An :class:`Algorithm` holds the hyper-parameters (validated at construction) and builds
-the two rules. A master rule holds the master's state for a flat parameter vector (or a
-contiguous shard of one, when the algorithm is ``elementwise``); a worker rule
-holds the state of ``n`` workers as one ``(n, d)`` tensor (the simulator builds one for
-all ``k`` workers, a Ray worker one for itself).
+An :class:`Algorithm` is a frozen dataclass of its hyper-parameters (typed fields with
+defaults, validated in ``__post_init__``) that builds the two rules. A master rule holds
+the master's state for a flat parameter vector (or a contiguous shard of one, when the
+algorithm is ``elementwise``); a worker rule holds the state of ``n`` workers as one
+``(n, d)`` tensor (the simulator builds one for all ``k`` workers, a Ray worker one for
+itself).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -65,6 +68,13 @@ def check_momentum(momentum: float) -> float:
     if not 0.0 <= momentum < 1.0:
         raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
     return float(momentum)
+
+
+def check_decay(name: str, value: float) -> float:
+    """A decay (of a moving average, or an inner optimizer's momentum) in ``[0, 1)``."""
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    return float(value)
 
 
 def check_nonnegative(name: str, value: float) -> float:
@@ -229,11 +239,31 @@ class WorkerRule:
         _load_state_dict(self, state)
 
 
+@dataclass(frozen=True, kw_only=True)
 class Algorithm:
     """Hyper-parameters of one algorithm, and a factory for its master and worker rules.
 
-    Subclasses set ``name``, ``summary`` and ``master_rule`` (and ``worker_rule`` if
-    workers keep state), and validate their own hyper-parameters in ``__init__``.
+    An algorithm is a frozen dataclass: its fields are its hyper-parameters (type and
+    default), which ``__post_init__`` validates (a ``ValueError`` that names the bad
+    value) and normalises; its class attributes say what it is (``name``, ``summary``,
+    ``master_rule``, ``worker_rule``, ...). A subclass that declares fields is itself
+    decorated ``@dataclass(frozen=True, kw_only=True)``::
+
+        @dataclass(frozen=True, kw_only=True)
+        class DanaDc(MomentumAlgorithm):  # MomentumAlgorithm: the field momentum = 0.9
+            name = "dana-dc"
+            summary = "DANA-Zero plus DC-ASGD delay compensation"
+            master_rule = DanaDcMaster
+
+            lc: float = 2.0
+
+            def __post_init__(self) -> None:
+                super().__post_init__()
+                self._set(lc=check_nonnegative("lc", self.lc))
+
+    A variant subclasses the algorithm it varies and redeclares the field whose default
+    it changes (``local-nesterov``'s ``outer_lr``); a subclass that adds no field needs
+    no decorator.
     """
 
     name: ClassVar[str]
@@ -250,14 +280,20 @@ class Algorithm:
     worker_rule: ClassVar[type[WorkerRule]] = WorkerRule
     #: True when the worker rule needs each worker's relative speed
     #: (:meth:`WorkerRule.set_speed`); runners then give it.
-    uses_speed: bool = False
+    uses_speed: ClassVar[bool] = False
 
-    def __init__(self, momentum: float = 0.0):
-        self.momentum = check_momentum(momentum)
+    def __post_init__(self) -> None:
+        """Validate the hyper-parameters: a subclass calls ``super().__post_init__()``,
+        then checks its own fields and stores their normalised values with :meth:`_set`."""
+
+    def _set(self, **values: Any) -> None:
+        """Store validated values in ``__post_init__`` (the instance is frozen)."""
+        for key, value in values.items():
+            object.__setattr__(self, key, value)
 
     def hparams(self) -> dict[str, Any]:
-        """The algorithm's hyper-parameters, as given to its constructor."""
-        return dict(vars(self))
+        """The algorithm's hyper-parameters, by name (its dataclass fields)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def master(self, params: Tensor, workers: int) -> MasterRule:
         return self.master_rule(params, workers, **self._master_hparams())
@@ -274,9 +310,17 @@ class Algorithm:
         """The hyper-parameters the worker rule takes (the default rule: none)."""
         return {}
 
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.hparams().items())
-        return f"{type(self).__name__}({args})"
+
+@dataclass(frozen=True, kw_only=True)
+class MomentumAlgorithm(Algorithm):
+    """An algorithm with a momentum ``m`` in ``[0, 1)``, 0.9 by default as for every
+    momentum method here (``dana train --momentum`` sets it)."""
+
+    momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set(momentum=check_momentum(self.momentum))
 
 
 def _state_dict(rule: MasterRule | WorkerRule) -> dict[str, Any]:

@@ -31,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,15 +39,15 @@ from torch import Tensor
 
 from dana.algorithms.base import (
     BLOCK,
-    Algorithm,
     MasterRule,
+    MomentumAlgorithm,
     RemembersPulls,
     WorkerRule,
     check_nonnegative,
     per_worker_zeros,
 )
-from dana.algorithms.functional import delay_compensate, nesterov_pull
-from dana.algorithms.gap_aware import GapPenalty
+from dana.algorithms.functional import delay_compensate, momentum_sum, nesterov_pull
+from dana.algorithms.gap_aware import GapPenalty, GapPenaltyAlgorithm
 
 
 class DanaZeroMaster(MasterRule):
@@ -75,21 +76,18 @@ class DanaZeroMaster(MasterRule):
             message.split(BLOCK),
             self.theta.split(BLOCK),
         ):
-            S.add_(v, alpha=m - 1.0).add_(g)
-            torch.add(g, v, alpha=m, out=v)
+            momentum_sum(S, v, g, m)
+            torch.add(g, v, alpha=m, out=v)  # v = m*v + g, fused (one rounding)
             theta.add_(v, alpha=-lr)
         return True
 
 
-class DanaZero(Algorithm):
+class DanaZero(MomentumAlgorithm):
     """DANA with the momenta at the master; pulls see ``theta - lr*m*sum_i v_i``."""
 
     name = "dana-zero"
     summary = "DANA: per-worker momenta at the master, pull at theta - lr*m*sum(v)"
     master_rule = DanaZeroMaster
-
-    def __init__(self, momentum: float = 0.9):
-        super().__init__(momentum)
 
 
 class DanaSlimMaster(MasterRule):
@@ -127,8 +125,8 @@ class DanaSlimWorkers(WorkerRule):
         S_blocks = self.S.split(BLOCK) if self.S is not None else (None,) * len(v_blocks)
         for v, g, S in zip(v_blocks, g_blocks, S_blocks):
             if S is not None:
-                S.add_(v, alpha=m - 1.0).add_(g)
-            torch.add(g, v, alpha=m, out=v)
+                momentum_sum(S, v, g, m)
+            torch.add(g, v, alpha=m, out=v)  # v = m*v + g, fused (one rounding)
             g.add_(v, alpha=m)
         return grad
 
@@ -146,16 +144,13 @@ class DanaSlimWorkers(WorkerRule):
         return self.S if self.S is not None else self.v[0]
 
 
-class DanaSlim(Algorithm):
+class DanaSlim(MomentumAlgorithm):
     """DANA with the momenta in the workers; the master is as cheap as ASGD's."""
 
     name = "dana-slim"
     summary = "DANA with momenta in the workers; the master does only ASGD's work"
     master_rule = DanaSlimMaster
     worker_rule = DanaSlimWorkers
-
-    def __init__(self, momentum: float = 0.9):
-        super().__init__(momentum)
 
     def _master_hparams(self) -> dict:
         return {}
@@ -182,16 +177,19 @@ class DanaDcMaster(RemembersPulls, DanaZeroMaster):
         return super().push(worker, compensated, lr)
 
 
-class DanaDc(Algorithm):
+@dataclass(frozen=True, kw_only=True)
+class DanaDc(MomentumAlgorithm):
     """DANA-Zero with DC-ASGD's delay compensation of each gradient."""
 
     name = "dana-dc"
     summary = "DANA-Zero plus DC-ASGD delay compensation g + lc*g*g*(theta - p_i)"
     master_rule = DanaDcMaster
 
-    def __init__(self, momentum: float = 0.9, lc: float = 2.0):
-        super().__init__(momentum)
-        self.lc = check_nonnegative("lc", lc)
+    lc: float = 2.0  # the authors' code
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set(lc=check_nonnegative("lc", self.lc))
 
 
 class DanaGaMaster(RemembersPulls, DanaZeroMaster, GapPenalty):
@@ -211,13 +209,9 @@ class DanaGaMaster(RemembersPulls, DanaZeroMaster, GapPenalty):
         return True
 
 
-class DanaGa(Algorithm):
+class DanaGa(GapPenaltyAlgorithm):
     """DANA-Zero with the Gap-Aware penalty on each gradient."""
 
     name = "dana-ga"
     summary = "DANA-Zero plus the Gap-Aware staleness penalty"
     master_rule = DanaGaMaster
-
-    def __init__(self, momentum: float = 0.9, ema_decay: float = 0.999, eps: float = 1e-8):
-        super().__init__(momentum)
-        self.ema_decay, self.eps = GapPenalty.check(ema_decay, eps)

@@ -52,9 +52,12 @@ PERSISTENCE_DECAY = 0.99
 
 
 class DanaEasgdMaster(MasterRule):
-    """DANA-EASGD's master: the center, the workers' positions as their exchanges reveal
-    them, and the pull's estimate of the center when the exchange lands (module
-    docstring; docs/ALGORITHMS.md, "dana-easgd")."""
+    """DANA-EASGD's master: DANA's look-ahead (Hakimi et al., arXiv 1907.11612) on
+    EAMSGD's center (Zhang et al., NIPS 2015). The center ``c <- c + e`` for every
+    exchange ``e``; the workers' positions as their exchanges reveal them; a pull sends
+    the estimate of the center when the worker's next exchange lands,
+    ``c + (1 - (1 - alpha)**m) * (y - c)`` (module docstring; docs/ALGORITHMS.md,
+    "dana-easgd")."""
 
     state_keys = (
         "theta",

@@ -23,14 +23,16 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from dana.algorithms.base import (
-    Algorithm,
     MasterRule,
+    MomentumAlgorithm,
     RemembersPulls,
-    check_momentum,
+    check_decay,
     check_nonnegative,
     check_positive,
 )
@@ -74,25 +76,24 @@ class DcAsgdMaster(RemembersPulls, MasterRule):
         return True
 
 
-class DcAsgd(Algorithm):
+@dataclass(frozen=True, kw_only=True)
+class DcAsgd(MomentumAlgorithm):
     """ASGD with DC-ASGD's delay compensation (constant or adaptive coefficient)."""
 
     name = "dc-asgd"
     summary = "delay-compensated ASGD: g + lc*g*g*(theta - p_i), optional momentum"
     master_rule = DcAsgdMaster
 
-    def __init__(
-        self,
-        momentum: float = 0.9,
-        lc: float = 0.04,
-        adaptive: bool = False,
-        ms_decay: float = 0.95,
-        eps: float = 1e-7,
-    ):
-        self.momentum = check_momentum(momentum)
-        self.lc = check_nonnegative("lc", lc)
-        self.adaptive = bool(adaptive)
-        if not 0.0 <= ms_decay < 1.0:
-            raise ValueError(f"ms_decay must be in [0, 1), got {ms_decay!r}")
-        self.ms_decay = float(ms_decay)
-        self.eps = check_positive("eps", eps)
+    lc: float = 0.04
+    adaptive: bool = False
+    ms_decay: float = 0.95
+    eps: float = 1e-7
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set(
+            lc=check_nonnegative("lc", self.lc),
+            adaptive=bool(self.adaptive),
+            ms_decay=check_decay("ms_decay", self.ms_decay),
+            eps=check_positive("eps", self.eps),
+        )

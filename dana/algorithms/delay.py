@@ -33,6 +33,8 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -74,6 +76,10 @@ def delay_adaptive_scale(staleness: int, concurrency: int) -> float:
 
 
 class RingmasterMaster(CountsUpdates, MasterRule):
+    """Ringmaster ASGD's master (Maranjyan, Tyurin, Richtarik, ICML 2025): a push of delay
+    ``s < R`` takes the step ``theta -= lr*g``; one of delay ``s >= R`` is dropped (not
+    an update); ``R = 2k`` unless given. Pulls send ``theta``."""
+
     state_keys = ("theta", "pulled_at", "updates", "dropped")
 
     def __init__(self, params: Tensor, workers: int, R: int | None):
@@ -95,6 +101,7 @@ class RingmasterMaster(CountsUpdates, MasterRule):
         return True
 
 
+@dataclass(frozen=True, kw_only=True)
 class RingmasterAsgd(Algorithm):
     """ASGD that drops every gradient whose delay is ``R`` or more."""
 
@@ -102,11 +109,19 @@ class RingmasterAsgd(Algorithm):
     summary = "ASGD that drops a gradient whose delay is R or more (default R = 2k)"
     master_rule = RingmasterMaster
 
-    def __init__(self, R: int | None = None) -> None:
-        self.R = check_threshold("R", R)
+    R: int | None = None  # None: 2k
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_threshold("R", self.R)
 
 
 class DelayAdaptiveMaster(CountsUpdates, MasterRule):
+    """The delay-adaptive master (Mishchenko, Bach, Even, Woodworth, NeurIPS 2022): a push
+    of delay ``s`` takes the step ``theta -= lr*min(1, C/s)*g``
+    (:func:`delay_adaptive_scale`), ``C`` the concurrency (``k`` unless given). Pulls
+    send ``theta``."""
+
     state_keys = ("theta", "pulled_at", "updates")
 
     def __init__(self, params: Tensor, workers: int, concurrency: int | None):
@@ -125,6 +140,7 @@ class DelayAdaptiveMaster(CountsUpdates, MasterRule):
         return True
 
 
+@dataclass(frozen=True, kw_only=True)
 class DelayAdaptiveAsgd(Algorithm):
     """ASGD with the step ``lr*min(1, C/s)`` for a push of delay ``s``."""
 
@@ -132,5 +148,8 @@ class DelayAdaptiveAsgd(Algorithm):
     summary = "ASGD with step lr*min(1, C/delay), C the concurrency (default k)"
     master_rule = DelayAdaptiveMaster
 
-    def __init__(self, concurrency: int | None = None) -> None:
-        self.concurrency = check_threshold("concurrency", concurrency)
+    concurrency: int | None = None  # None: k
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_threshold("concurrency", self.concurrency)

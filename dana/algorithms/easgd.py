@@ -50,18 +50,21 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from dana.algorithms.base import (
     Algorithm,
     MasterRule,
+    MomentumAlgorithm,
     WorkerRule,
-    check_momentum,
     check_nonnegative,
     check_workers,
     per_worker_zeros,
 )
+from dana.algorithms.functional import momentum_update
 
 
 class ElasticMaster(MasterRule):
@@ -126,7 +129,7 @@ class ElasticWorkers(WorkerRule):
         x.add_(v, alpha=-m)
         if e is not None:
             x.sub_(e)
-        v.mul_(m).add_(grad, alpha=-self.lr)
+        momentum_update(v, grad, m, -self.lr)
         x.add_(v, alpha=1 + m)
         return e
 
@@ -137,29 +140,28 @@ def check_tau(tau: int) -> int:
     return tau
 
 
+@dataclass(frozen=True, kw_only=True)
 class ElasticAlgorithm(Algorithm):
     """Hyper-parameters shared by the elastic-averaging algorithms, and ``alpha = beta/k``."""
 
     master_rule = ElasticMaster
     worker_rule = ElasticWorkers
-    momentum: float = 0.0
 
-    def __init__(
-        self,
-        tau: int = 10,
-        beta: float = 0.9,
-        alpha: float | None = None,
-        workers: int | None = None,
-    ):
-        self.tau = check_tau(tau)
-        self.beta = check_nonnegative("beta", beta)
-        if alpha is not None:
-            alpha = check_nonnegative("alpha", alpha)
+    tau: int = 10  # local steps between exchanges
+    beta: float = 0.9  # the moving rate: alpha = beta/k
+    alpha: float | None = None  # None: beta/k
+    workers: int | None = None  # k, for a runner that builds one worker rule per process
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set(tau=check_tau(self.tau), beta=check_nonnegative("beta", self.beta))
+        if self.alpha is not None:
+            alpha = check_nonnegative("alpha", self.alpha)
             if alpha > 1:
                 raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
-        self.alpha = alpha
-        self.workers = None if workers is None else check_workers(workers)
+            self._set(alpha=alpha)
         if self.workers is not None:
+            check_workers(self.workers)
             self.elastic_alpha(self.workers)
 
     def elastic_alpha(self, k: int) -> float:
@@ -192,7 +194,8 @@ class ElasticAlgorithm(Algorithm):
         k = workers if self.workers is None else self.workers
         if workers > k:
             raise ValueError(f"{self.name} was built for workers={k}; cannot hold {workers}")
-        return self.worker_rule(workers, d, dtype, self.tau, self.elastic_alpha(k), self.momentum)
+        momentum = getattr(self, "momentum", 0.0)  # eamsgd's; easgd's workers have none
+        return self.worker_rule(workers, d, dtype, self.tau, self.elastic_alpha(k), momentum)
 
 
 class Easgd(ElasticAlgorithm):
@@ -202,19 +205,9 @@ class Easgd(ElasticAlgorithm):
     summary = "elastic averaging SGD: local SGD, elastic exchange with the center every tau"
 
 
-class Eamsgd(ElasticAlgorithm):
+@dataclass(frozen=True, kw_only=True)
+class Eamsgd(ElasticAlgorithm, MomentumAlgorithm):
     """Asynchronous EAMSGD: EASGD with Nesterov momentum in the workers' local steps."""
 
     name = "eamsgd"
     summary = "elastic averaging with Nesterov momentum in the workers' local steps"
-
-    def __init__(
-        self,
-        momentum: float = 0.9,
-        tau: int = 10,
-        beta: float = 0.9,
-        alpha: float | None = None,
-        workers: int | None = None,
-    ):
-        super().__init__(tau, beta, alpha, workers)
-        self.momentum = check_momentum(momentum)

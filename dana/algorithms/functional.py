@@ -3,9 +3,13 @@
 Every function works in place on flat tensors (or rows of a ``(k, d)`` state tensor)
 and returns what it wrote; the master and worker rules are built from them:
 
+- :func:`momentum_update`: a momentum buffer's update ``v = m*v + s*g`` (heavy ball's
+  ``s = 1``, Sutskever's ``s = -lr``, a moving average's ``s = 1 - m``);
 - :func:`momentum_step`: heavy ball, ``v = m*v + s*g; theta -= lr*v`` (``v is None``:
   plain ``theta -= lr*s*g``);
-- :func:`nesterov_pull`: the look-ahead a pull sends, ``theta - lr*m*v``;
+- :func:`momentum_sum`: keeps ``S = sum_j v_j`` current as ``v_i`` takes its update;
+- :func:`nesterov_pull`: the look-ahead a pull sends, ``theta - lr*m*v`` (``steps``
+  momentum steps ahead: ``theta - lr*m*steps*v``);
 - :func:`delay_compensate`: DC-ASGD's ``g + lc*g*g*(theta - p_i)``;
 - :func:`gap_penalty`: Gap-Aware's ``g / (1 + |q_i - p_i| / C)``.
 
@@ -23,6 +27,15 @@ import torch
 from torch import Tensor
 
 
+def momentum_update(v: Tensor, g: Tensor, momentum: float, scale: float = 1.0) -> Tensor:
+    """A momentum buffer's update ``v = m*v + scale*g``, in place; returns ``v``.
+
+    Heavy ball's buffer (Polyak 1964; ``torch.optim.SGD``'s) with ``scale = 1``, the
+    Sutskever et al. (2013) velocity with ``scale = -lr``, an exponential moving average
+    with ``momentum = beta, scale = 1 - beta``."""
+    return v.mul_(momentum).add_(g, alpha=scale)
+
+
 def momentum_step(
     theta: Tensor,
     v: Tensor | None,
@@ -35,14 +48,27 @@ def momentum_step(
     buffer (``v is None``, ``m = 0``) ``theta -= lr*scale*g``. Returns ``theta``."""
     if v is None:
         return theta.add_(g, alpha=-lr * scale)
-    v.mul_(momentum).add_(g, alpha=scale)
+    momentum_update(v, g, momentum, scale)
     return theta.add_(v, alpha=-lr)
 
 
-def nesterov_pull(theta: Tensor, v: Tensor, lr: float, momentum: float, out: Tensor) -> Tensor:
+def momentum_sum(S: Tensor, v: Tensor, g: Tensor, momentum: float) -> Tensor:
+    """``S += (m - 1)*v + g``: keeps ``S = sum_j v_j`` current in O(d) when ``v``, one of
+    the ``v_j``, is about to take the update ``v = m*v + g`` (``S += v_new - v_old``,
+    never re-summed; DANA's sum of the workers' momenta, Hakimi et al., arXiv
+    1907.11612). Call it before updating ``v``; returns ``S``."""
+    return S.add_(v, alpha=momentum - 1.0).add_(g)
+
+
+def nesterov_pull(
+    theta: Tensor, v: Tensor, lr: float, momentum: float, out: Tensor, steps: float = 1.0
+) -> Tensor:
     """The Nesterov look-ahead ``theta - lr*m*v`` written into ``out`` (Sutskever et al.
-    2013's form: where the momentum will carry ``theta``)."""
-    return torch.add(theta, v, alpha=-lr * momentum, out=out)
+    2013's form: where the momentum will carry ``theta``). ``steps``: the look-ahead
+    ``theta - lr*m*steps*v`` that many momentum steps ahead, with ``v`` held (SMEGA2's
+    estimate, Cohen et al. 2022; with ``m = 1`` the linear weight prediction
+    ``theta - lr*D*v`` of Kosson et al. 2021)."""
+    return torch.add(theta, v, alpha=-lr * momentum * steps, out=out)
 
 
 def delay_compensate(g: Tensor, theta: Tensor, sent: Tensor, lc: Tensor | float, out: Tensor):

@@ -29,15 +29,16 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from dana.algorithms.asgd import NagAsgdMaster
 from dana.algorithms.base import (
-    Algorithm,
+    MomentumAlgorithm,
     RemembersPulls,
-    check_momentum,
+    check_decay,
     check_positive,
 )
 from dana.algorithms.functional import gap_penalty
@@ -60,12 +61,6 @@ class GapPenalty:
         self.lr_max = 0.0
         self._penalty = torch.empty_like(self.theta)
         self._scaled = torch.empty_like(self.theta)
-
-    @staticmethod
-    def check(ema_decay: float, eps: float) -> tuple[float, float]:
-        if not 0.0 <= ema_decay < 1.0:
-            raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay!r}")
-        return float(ema_decay), check_positive("eps", eps)
 
     def penalize(self, worker: int, g: Tensor, lr: float) -> Tensor:
         """``g / (1 + |q_i - p_i| / C)``, in a buffer of the master's."""
@@ -102,13 +97,25 @@ class GapAwareMaster(RemembersPulls, NagAsgdMaster, GapPenalty):
         return True
 
 
-class GapAware(Algorithm):
+@dataclass(frozen=True, kw_only=True)
+class GapPenaltyAlgorithm(MomentumAlgorithm):
+    """The penalty's hyper-parameters (``gap-aware``, ``dana-ga``): the decay of the moving
+    average of squared steps, and the ``eps`` added to its square root."""
+
+    ema_decay: float = 0.999
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set(
+            ema_decay=check_decay("ema_decay", self.ema_decay),
+            eps=check_positive("eps", self.eps),
+        )
+
+
+class GapAware(GapPenaltyAlgorithm):
     """NAG-ASGD with each gradient divided by its normalised gap."""
 
     name = "gap-aware"
     summary = "NAG-ASGD with the Gap-Aware penalty g / (1 + |q_i - p_i| / C)"
     master_rule = GapAwareMaster
-
-    def __init__(self, momentum: float = 0.9, ema_decay: float = 0.999, eps: float = 1e-8):
-        self.momentum = check_momentum(momentum)
-        self.ema_decay, self.eps = GapPenalty.check(ema_decay, eps)

@@ -69,27 +69,39 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from dana.algorithms.base import (
-    Algorithm,
     MasterRule,
+    MomentumAlgorithm,
     WorkerRule,
-    check_momentum,
+    check_decay,
     check_nonnegative,
     check_positive,
     per_worker_zeros,
 )
 from dana.algorithms.delay import check_threshold
+from dana.algorithms.functional import (
+    momentum_step,
+    momentum_sum,
+    momentum_update,
+    nesterov_pull,
+)
 
 INNER = ("sgd", "adamw")
 
 
 class LocalWorkers(WorkerRule):
-    """Workers that take ``H`` inner-optimizer steps from each pull, then push ``p - x_i``."""
+    """Asynchronous Local-SGD's workers (Liu et al. 2024; DiLoCo, Douillard et al. 2023):
+    from the parameters ``p`` of each pull, ``H`` steps of the inner optimizer on the
+    worker's own ``x_i`` (SGD with momentum, ``u_i = m*u_i + g; x_i -= lr*u_i``:
+    :func:`~dana.algorithms.functional.momentum_step`; or AdamW), then the outer gradient
+    ``Delta = p - x_i`` as the message; the ``H - 1`` steps before it are local steps.
+    ``dynamic``: ``H_i = max(1, floor(H*s_i))`` for relative speed ``s_i`` (DyLU)."""
 
     state_keys = ("x", "u", "s", "t", "n")
     local_steps = True
@@ -152,12 +164,9 @@ class LocalWorkers(WorkerRule):
             x.mul_(1.0 - lr * self.inner_decay)
         if self.inner == "adamw":
             self._adam_step(worker, x, grad, lr)
-        elif self.u is None:
-            x.add_(grad, alpha=-lr)
         else:
-            u = self.u[worker]
-            u.mul_(self.momentum).add_(grad)
-            x.add_(u, alpha=-lr)
+            u = None if self.u is None else self.u[worker]
+            momentum_step(x, u, grad, self.momentum, lr)
         t = int(self.t[worker]) + 1
         if t < self.steps[worker]:
             self.t[worker] = t
@@ -170,13 +179,16 @@ class LocalWorkers(WorkerRule):
         n = int(self.n[worker]) + 1
         self.n[worker] = n
         m, v = self.u[worker], self.s[worker]
-        m.mul_(b1).add_(g, alpha=1.0 - b1)
+        momentum_update(m, g, b1, 1.0 - b1)
         v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
         denom = torch.div(v, 1.0 - b2**n, out=self._scratch).sqrt_().add_(self.eps)
         x.addcdiv_(m, denom, value=-lr / (1.0 - b1**n))
 
 
 class OuterSgdMaster(MasterRule):
+    """Asynchronous Local-SGD's plain outer step (Liu et al. 2024): each outer gradient
+    at the master's own rate, ``theta -= outer_lr*Delta``. Pulls send ``theta``."""
+
     def __init__(self, params: Tensor, workers: int, outer_lr: float):
         super().__init__(params, workers)
         self.outer_lr = outer_lr
@@ -187,7 +199,13 @@ class OuterSgdMaster(MasterRule):
 
 
 class DelayedNesterovMaster(MasterRule):
-    """Delayed Nesterov over outer gradients (``period = 1``: Nesterov)."""
+    """Delayed Nesterov over outer gradients (Liu et al. 2024; utnslab/halos): the outer
+    momentum is updated every ``N = period`` pushes, ``v = mu*v + (sum of their
+    Deltas)/N`` (:func:`~dana.algorithms.functional.momentum_update`), and each push
+    applies ``theta -= outer_lr*(c*mu*v + Delta/N)`` (the ``N``-th:
+    ``outer_lr*((1 - c*N + c)*mu*v + Delta/N)``). ``period = 1``: DiLoCo's outer
+    Nesterov (Douillard et al. 2023), ``v = mu*v + Delta; theta -= outer_lr*(Delta +
+    mu*v)``. Pulls send ``theta``."""
 
     state_keys = ("theta", "v", "acc", "pushes")
 
@@ -213,7 +231,7 @@ class DelayedNesterovMaster(MasterRule):
         if self.acc is not None:
             self.acc.add_(message)
         if self.pushes % N == 0:
-            self.v.mul_(mu).add_(message if self.acc is None else self.acc, alpha=1.0 / N)
+            momentum_update(self.v, message if self.acc is None else self.acc, mu, 1.0 / N)
             self.theta.add_(self.v, alpha=-eta * (1.0 - c * N + c) * mu)
             if self.acc is not None:
                 self.acc.zero_()
@@ -224,7 +242,12 @@ class DelayedNesterovMaster(MasterRule):
 
 
 class DanaLocalMaster(MasterRule):
-    """Outer momenta per worker and their sum; pulls at ``theta - outer_lr*mu*S``."""
+    """DANA-Local's master: DANA-Zero's rule (Hakimi et al., arXiv 1907.11612) on the outer
+    step of asynchronous Local-SGD (Liu et al. 2024). An outer momentum per worker,
+    ``v_i = mu*v_i + Delta; theta -= outer_lr*v_i``
+    (:func:`~dana.algorithms.functional.momentum_step`), their sum ``S`` kept current
+    (:func:`~dana.algorithms.functional.momentum_sum`); a pull sends
+    ``theta - outer_lr*mu*S`` (:func:`~dana.algorithms.functional.nesterov_pull`)."""
 
     state_keys = ("theta", "v", "S")
 
@@ -235,13 +258,12 @@ class DanaLocalMaster(MasterRule):
         self.S = torch.zeros_like(self.theta)
 
     def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
-        return torch.add(self.theta, self.S, alpha=-self.outer_lr * self.mu, out=out)
+        return nesterov_pull(self.theta, self.S, self.outer_lr, self.mu, out)
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         v = self.v[worker]
-        self.S.add_(v, alpha=self.mu - 1.0).add_(message)  # S += v_new - v_old
-        v.mul_(self.mu).add_(message)
-        self.theta.add_(v, alpha=-self.outer_lr)
+        momentum_sum(self.S, v, message, self.mu)
+        momentum_step(self.theta, v, message, self.mu, self.outer_lr)
         return True
 
 
@@ -258,61 +280,56 @@ def check_local_steps(H: int) -> int:
     return H
 
 
-def check_decay(name: str, value: float) -> float:
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-    return float(value)
+@dataclass(frozen=True, kw_only=True)
+class LocalAlgorithm(MomentumAlgorithm):
+    """The hyper-parameters of every outer rule: the inner optimizer's and ``outer_lr``.
 
-
-class LocalAlgorithm(Algorithm):
-    """The inner optimizer's hyper-parameters, shared by every outer optimizer."""
+    ``momentum`` is the method's momentum: here the inner optimizer's (``local-sgd`` has
+    no outer momentum); :class:`OuterMomentumAlgorithm` makes it the outer one.
+    """
 
     worker_rule = LocalWorkers
-    #: The hyper-parameters the master rule takes.
-    outer_keys: ClassVar[tuple[str, ...]] = ("outer_lr",)
 
-    def __init__(
-        self,
-        momentum: float,
-        local_steps: int,
-        inner: str,
-        inner_momentum: float,
-        outer_lr: float,
-        beta1: float,
-        beta2: float,
-        eps: float,
-        inner_decay: float,
-        dynamic_steps: bool = False,
-    ) -> None:
-        """The one constructor of the outer rules: checks and keeps the hyper-parameters
-        they share (each subclass's signature states its own defaults)."""
-        self.momentum = check_momentum(momentum)
-        self.local_steps = check_local_steps(local_steps)
-        if not isinstance(dynamic_steps, bool):
-            raise ValueError(f"dynamic_steps must be true or false, got {dynamic_steps!r}")
-        self.dynamic_steps = dynamic_steps
-        if inner not in INNER:
-            raise ValueError(f"inner must be one of {', '.join(INNER)}, got {inner!r}")
-        self.inner = inner
-        self.inner_momentum = check_decay("inner_momentum", inner_momentum)
-        self.beta1 = check_decay("beta1", beta1)
-        self.beta2 = check_decay("beta2", beta2)
-        self.eps = check_positive("eps", eps)
-        self.inner_decay = check_nonnegative("inner_decay", inner_decay)
-        self.outer_lr = check_positive("outer_lr", outer_lr)
+    local_steps: int = 10  # H
+    inner: str = "sgd"  # or "adamw"
+    outer_lr: float = 1.0
+    beta1: float = 0.9  # AdamW's
+    beta2: float = 0.999  # AdamW's
+    eps: float = 1e-8  # AdamW's
+    inner_decay: float = 0.0  # decoupled: x_i *= 1 - lr*inner_decay
+    dynamic_steps: bool = False  # DyLU: H_i = max(1, floor(H*s_i))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_local_steps(self.local_steps)
+        if not isinstance(self.dynamic_steps, bool):
+            raise ValueError(f"dynamic_steps must be true or false, got {self.dynamic_steps!r}")
+        if self.inner not in INNER:
+            raise ValueError(f"inner must be one of {', '.join(INNER)}, got {self.inner!r}")
+        self._set(
+            beta1=check_decay("beta1", self.beta1),
+            beta2=check_decay("beta2", self.beta2),
+            eps=check_positive("eps", self.eps),
+            inner_decay=check_nonnegative("inner_decay", self.inner_decay),
+            outer_lr=check_positive("outer_lr", self.outer_lr),
+        )
 
     @property
     def uses_speed(self) -> bool:  # type: ignore[override]
         return self.dynamic_steps
 
-    def master(self, params: Tensor, workers: int) -> MasterRule:
-        return self.master_rule(params, workers, **{k: getattr(self, k) for k in self.outer_keys})
+    def _master_hparams(self) -> dict[str, Any]:
+        return {"outer_lr": self.outer_lr}
+
+    def _inner_momentum(self) -> float:
+        """The inner SGD's momentum: ``local-sgd``'s is its ``momentum``."""
+        return self.momentum
 
     def _worker_hparams(self) -> dict[str, Any]:
         return {
             "H": self.local_steps,
             "inner": self.inner,
-            "momentum": self.beta1 if self.inner == "adamw" else self.inner_momentum,
+            "momentum": self.beta1 if self.inner == "adamw" else self._inner_momentum(),
             "beta2": self.beta2,
             "eps": self.eps,
             "inner_decay": self.inner_decay,
@@ -330,143 +347,59 @@ class LocalSgd(LocalAlgorithm):
     summary = "async Local-SGD: H inner momentum-SGD steps per push, theta -= outer_lr*Delta"
     master_rule = OuterSgdMaster
 
-    def __init__(
-        self,
-        momentum: float = 0.9,
-        local_steps: int = 10,
-        inner: str = "sgd",
-        outer_lr: float = 1.0,
-        beta1: float = 0.9,
-        beta2: float = 0.999,
-        eps: float = 1e-8,
-        inner_decay: float = 0.0,
-        dynamic_steps: bool = False,
-    ):
-        super().__init__(
-            momentum,
-            local_steps,
-            inner,
-            momentum,
-            outer_lr,
-            beta1,
-            beta2,
-            eps,
-            inner_decay,
-            dynamic_steps,
-        )
 
-    def hparams(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if k != "inner_momentum"}
-
-
+@dataclass(frozen=True, kw_only=True)
 class OuterMomentumAlgorithm(LocalAlgorithm):
     """Local-SGD whose outer optimizer has the momentum ``momentum`` (``mu``); the inner
     optimizer's is ``inner_momentum`` (0: plain SGD)."""
 
-    outer_keys = ("outer_lr", "momentum")
+    inner_momentum: float = 0.0
 
-    def __init__(
-        self,
-        momentum: float = 0.9,
-        local_steps: int = 10,
-        inner: str = "sgd",
-        inner_momentum: float = 0.0,
-        outer_lr: float = 1.0,
-        beta1: float = 0.9,
-        beta2: float = 0.999,
-        eps: float = 1e-8,
-        inner_decay: float = 0.0,
-        dynamic_steps: bool = False,
-    ):
-        super().__init__(
-            momentum,
-            local_steps,
-            inner,
-            inner_momentum,
-            outer_lr,
-            beta1,
-            beta2,
-            eps,
-            inner_decay,
-            dynamic_steps,
-        )
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set(inner_momentum=check_decay("inner_momentum", self.inner_momentum))
+
+    def _master_hparams(self) -> dict[str, Any]:
+        return {"outer_lr": self.outer_lr, "momentum": self.momentum}
+
+    def _inner_momentum(self) -> float:
+        return self.inner_momentum
 
 
+@dataclass(frozen=True, kw_only=True)
 class LocalNesterov(OuterMomentumAlgorithm):
     """Asynchronous Local-SGD with DiLoCo's outer Nesterov momentum (``outer_lr = 0.7``)."""
 
     name = "local-nesterov"
     summary = "async Local-SGD with DiLoCo's outer Nesterov step (outer_lr 0.7, mu 0.9)"
     master_rule = DelayedNesterovMaster
-    outer_keys = ("outer_lr", "momentum", "period", "c")
-    period, c = 1, 0.0
 
-    def __init__(
-        self,
-        momentum: float = 0.9,
-        local_steps: int = 10,
-        inner: str = "sgd",
-        inner_momentum: float = 0.0,
-        outer_lr: float = 0.7,
-        beta1: float = 0.9,
-        beta2: float = 0.999,
-        eps: float = 1e-8,
-        inner_decay: float = 0.0,
-        dynamic_steps: bool = False,
-    ):
-        super().__init__(
-            momentum,
-            local_steps,
-            inner,
-            inner_momentum,
-            outer_lr,
-            beta1,
-            beta2,
-            eps,
-            inner_decay,
-            dynamic_steps,
-        )
+    outer_lr: float = 0.7  # DiLoCo's
+
+    def _master_hparams(self) -> dict[str, Any]:
+        return {**super()._master_hparams(), "period": 1, "c": 0.0}
 
 
+@dataclass(frozen=True, kw_only=True)
 class LocalDelayedNesterov(OuterMomentumAlgorithm):
     """Asynchronous Local-SGD with the Delayed Nesterov outer step."""
 
     name = "local-dn"
     summary = "async Local-SGD, Delayed Nesterov outer step: momentum updated every N = k pushes"
     master_rule = DelayedNesterovMaster
-    outer_keys = ("outer_lr", "momentum", "period", "c")
 
-    def __init__(
-        self,
-        momentum: float = 0.9,
-        local_steps: int = 10,
-        inner: str = "sgd",
-        inner_momentum: float = 0.0,
-        outer_lr: float = 1.0,
-        period: int | None = None,
-        c: float = 0.0,
-        beta1: float = 0.9,
-        beta2: float = 0.999,
-        eps: float = 1e-8,
-        inner_decay: float = 0.0,
-        dynamic_steps: bool = False,
-    ):
-        super().__init__(
-            momentum,
-            local_steps,
-            inner,
-            inner_momentum,
-            outer_lr,
-            beta1,
-            beta2,
-            eps,
-            inner_decay,
-            dynamic_steps,
-        )
-        self.period = check_threshold("period", period)
-        if not 0.0 <= c <= 1.0:
-            raise ValueError(f"c must be in [0, 1], got {c!r}")
-        self.c = float(c)
+    period: int | None = None  # N; None: k
+    c: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_threshold("period", self.period)
+        if not 0.0 <= self.c <= 1.0:
+            raise ValueError(f"c must be in [0, 1], got {self.c!r}")
+        self._set(c=float(self.c))
+
+    def _master_hparams(self) -> dict[str, Any]:
+        return {**super()._master_hparams(), "period": self.period, "c": self.c}
 
 
 class DanaLocal(OuterMomentumAlgorithm):

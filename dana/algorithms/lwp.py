@@ -26,14 +26,23 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm, MasterRule, check_momentum
+from dana.algorithms.base import MasterRule, MomentumAlgorithm
 from dana.algorithms.delay import CountsUpdates
+from dana.algorithms.functional import momentum_step, nesterov_pull
 
 
 class LwpMaster(CountsUpdates, MasterRule):
+    """The linear-weight-prediction master (Kosson et al., MLSys 2021): heavy-ball
+    momentum ASGD, ``v = m*v + g; theta -= lr*v``
+    (:func:`~dana.algorithms.functional.momentum_step`); a pull of worker ``i`` sends the
+    prediction ``theta - lr*D_i*v`` (:func:`~dana.algorithms.functional.nesterov_pull`
+    ``D_i`` steps ahead), ``D_i`` the ``horizon`` or the delay of ``i``'s last push."""
+
     state_keys = ("theta", "v", "pulled_at", "updates", "last_delay")
 
     def __init__(self, params: Tensor, workers: int, momentum: float, horizon: int | None):
@@ -46,27 +55,27 @@ class LwpMaster(CountsUpdates, MasterRule):
     def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
         self.record_pull(worker)
         D = int(self.last_delay[worker]) if self.horizon is None else self.horizon
-        return torch.add(self.theta, self.v, alpha=-lr * D, out=out)
+        return nesterov_pull(self.theta, self.v, lr, 1.0, out, steps=D)
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         self.last_delay[worker] = self.staleness(worker)
-        self.v.mul_(self.momentum).add_(message)
-        self.theta.add_(self.v, alpha=-lr)
+        momentum_step(self.theta, self.v, message, self.momentum, lr)
         self.updates += 1
         return True
 
 
-class LwpAsgd(Algorithm):
+@dataclass(frozen=True, kw_only=True)
+class LwpAsgd(MomentumAlgorithm):
     """Momentum ASGD whose pulls send the linear prediction ``theta - lr*D*v``."""
 
     name = "lwp-asgd"
     summary = "momentum ASGD, pull at the linear prediction theta - lr*D*v (D: the delay)"
     master_rule = LwpMaster
 
-    def __init__(self, momentum: float = 0.9, horizon: int | None = None):
-        self.momentum = check_momentum(momentum)
-        if horizon is not None and (
-            isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0
-        ):
-            raise ValueError(f"horizon must be an integer >= 0 (or None), got {horizon!r}")
-        self.horizon = horizon
+    horizon: int | None = None  # None: the worker's last delay
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        h = self.horizon
+        if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 0):
+            raise ValueError(f"horizon must be an integer >= 0 (or None), got {h!r}")

@@ -38,14 +38,22 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm, MasterRule, check_momentum
+from dana.algorithms.base import MasterRule, MomentumAlgorithm
 from dana.algorithms.delay import CountsUpdates, check_threshold, delay_adaptive_scale
 
 
 class OrMoMaster(CountsUpdates, MasterRule):
+    """OrMo's master (Shi, Yang, Li, NeurIPS 2024): a push of delay ``s`` catches up the
+    steps it missed, ``theta -= lr*(1 - m**s)/(1 - m)*g``, enters the momentum with the
+    weight it has now, ``u += m**s*lr*g``, then ``theta -= u; u *= m``. With
+    ``concurrency`` (``ormo-da``) the rate is ``lr*min(1, C/s)`` (Mishchenko et al.,
+    NeurIPS 2022). Pulls send ``theta``."""
+
     state_keys = ("theta", "u", "pulled_at", "updates")
 
     def __init__(
@@ -75,27 +83,27 @@ class OrMoMaster(CountsUpdates, MasterRule):
         return True
 
 
-class OrMo(Algorithm):
+class OrMo(MomentumAlgorithm):
     """Asynchronous SGD with the momentum ordered by the gradients' iteration indexes."""
 
     name = "ormo"
     summary = "ordered momentum: each gradient enters the momentum by its iteration index"
     master_rule = OrMoMaster
 
-    def __init__(self, momentum: float = 0.9):
-        self.momentum = check_momentum(momentum)
 
-
-class OrMoDa(Algorithm):
+@dataclass(frozen=True, kw_only=True)
+class OrMoDa(MomentumAlgorithm):
     """OrMo with the delay-adaptive rate ``lr*min(1, C/s)``."""
 
     name = "ormo-da"
     summary = "OrMo with the delay-adaptive rate lr*min(1, C/delay), C default k"
     master_rule = OrMoMaster
 
-    def __init__(self, momentum: float = 0.9, concurrency: int | None = None):
-        self.momentum = check_momentum(momentum)
-        self.concurrency = check_threshold("concurrency", concurrency)
+    concurrency: int | None = None  # None: k
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_threshold("concurrency", self.concurrency)
 
     def master(self, params: Tensor, workers: int) -> MasterRule:
         c = workers if self.concurrency is None else self.concurrency

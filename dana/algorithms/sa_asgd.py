@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm, MasterRule
+from dana.algorithms.base import MasterRule, MomentumAlgorithm
 from dana.algorithms.functional import momentum_step
 
 
@@ -57,12 +57,9 @@ class SaAsgdMaster(MasterRule):
         return True
 
 
-class SaAsgd(Algorithm):
+class SaAsgd(MomentumAlgorithm):
     """ASGD with each push's learning rate divided by its staleness (optional momentum)."""
 
     name = "sa-asgd"
     summary = "staleness-aware ASGD: lr/max(staleness, 1) per push, optional momentum"
     master_rule = SaAsgdMaster
-
-    def __init__(self, momentum: float = 0.9):
-        super().__init__(momentum)

@@ -31,14 +31,25 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm, MasterRule, check_momentum
+from dana.algorithms.base import MasterRule, MomentumAlgorithm
 from dana.algorithms.delay import check_threshold
+from dana.algorithms.functional import momentum_update, nesterov_pull
 
 
 class Smega2Master(MasterRule):
+    """SMEGA2's master (Cohen, Hakimi, Schuster, ICPP 2022): a push of ``g`` buffers it,
+    ``b += g``, and steps ``theta -= lr*(g + m*v)``; the ``N``-th push of a cycle updates
+    the one momentum, ``v = m*v + b/N``
+    (:func:`~dana.algorithms.functional.momentum_update`). A pull sends the estimate
+    ``N`` pushes ahead, ``theta - lr*m*((N + c*(m-1))*v + (c/N)*b)``
+    (:func:`~dana.algorithms.functional.nesterov_pull` that many steps ahead, plus the
+    buffer's share; ``advanced=False``: ``theta - lr*m*N*v``)."""
+
     state_keys = ("theta", "v", "b", "c")
 
     def __init__(
@@ -54,8 +65,8 @@ class Smega2Master(MasterRule):
     def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
         m, N, c = self.momentum, self.cycle, self.c
         if not self.advanced:
-            return torch.add(self.theta, self.v, alpha=-lr * m * N, out=out)
-        torch.add(self.theta, self.v, alpha=-lr * m * (N + c * (m - 1.0)), out=out)
+            return nesterov_pull(self.theta, self.v, lr, m, out, steps=N)
+        nesterov_pull(self.theta, self.v, lr, m, out, steps=N + c * (m - 1.0))
         if c:
             out.add_(self.b, alpha=-lr * m * c / N)
         return out
@@ -66,19 +77,23 @@ class Smega2Master(MasterRule):
         self.theta.add_(message, alpha=-lr).add_(self.v, alpha=-lr * m)
         self.c = (self.c + 1) % self.cycle
         if self.c == 0:
-            self.v.mul_(m).add_(self.b, alpha=1.0 / self.cycle)
+            momentum_update(self.v, self.b, m, 1.0 / self.cycle)
             self.b.zero_()
         return True
 
 
-class Smega2(Algorithm):
+@dataclass(frozen=True, kw_only=True)
+class Smega2(MomentumAlgorithm):
     """One master momentum updated once per cycle of ``N`` pushes; pulls see its estimate."""
 
     name = "smega2"
     summary = "one momentum updated every N = k pushes; pulls see the estimate N pushes ahead"
     master_rule = Smega2Master
 
-    def __init__(self, momentum: float = 0.9, cycle: int | None = None, advanced: bool = True):
-        self.momentum = check_momentum(momentum)
-        self.cycle = check_threshold("cycle", cycle)
-        self.advanced = bool(advanced)
+    cycle: int | None = None  # None: k
+    advanced: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_threshold("cycle", self.cycle)
+        self._set(advanced=bool(self.advanced))

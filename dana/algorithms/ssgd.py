@@ -18,16 +18,19 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm, MasterRule
+from dana.algorithms.base import MasterRule, MomentumAlgorithm
 from dana.algorithms.functional import momentum_step, nesterov_pull
 
 
 class SsgdMaster(MasterRule):
-    """SSGD's master: sums the ``k`` gradients of a round, then one momentum step with
-    their mean, ``v = m*v + mean(g); theta -= lr*v``
+    """SSGD's master (synchronous data-parallel SGD, as in Goyal et al. 2017): sums the
+    ``k`` gradients of a round, then one momentum step with their mean,
+    ``v = m*v + mean(g); theta -= lr*v``
     (:func:`~dana.algorithms.functional.momentum_step`); ``nesterov``: pulls send
     ``theta - lr*m*v`` (:func:`~dana.algorithms.functional.nesterov_pull`)."""
 
@@ -56,7 +59,8 @@ class SsgdMaster(MasterRule):
         return True
 
 
-class Ssgd(Algorithm):
+@dataclass(frozen=True, kw_only=True)
+class Ssgd(MomentumAlgorithm):
     """Synchronous SGD: one averaged momentum step per round of ``k`` gradients."""
 
     name = "ssgd"
@@ -64,6 +68,8 @@ class Ssgd(Algorithm):
     synchronous = True
     master_rule = SsgdMaster
 
-    def __init__(self, momentum: float = 0.9, nesterov: bool = False):
-        super().__init__(momentum)
-        self.nesterov = bool(nesterov)
+    nesterov: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set(nesterov=bool(self.nesterov))

@@ -50,11 +50,13 @@ Example::
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm, MasterRule, check_positive
+from dana.algorithms.base import Algorithm, MasterRule, check_decay, check_positive
+from dana.algorithms.functional import momentum_update
 
 #: Floor of the curvature and variance estimates (avoids dividing by zero).
 EPS = 1e-12
@@ -162,7 +164,7 @@ class YellowFinMaster(MasterRule):
             self.alpha = float(lr)
         mu = self.mu if self.gamma is None else self.mu_alg
         alpha = self.alpha
-        self.delta.mul_(mu).add_(message, alpha=-alpha)
+        momentum_update(self.delta, message, mu, -alpha)  # delta = mu*delta - alpha*g
         self.theta.add_(self.delta)
         if self.gamma is not None:
             waiting = self.pending.nonzero().flatten()
@@ -187,7 +189,7 @@ class YellowFinMaster(MasterRule):
         seen = self.window[: min(self.n, len(self.window))]
         self.hmin_avg = beta * self.hmin_avg + (1 - beta) * float(seen.min())
         self.hmax_avg = beta * self.hmax_avg + (1 - beta) * float(seen.max())
-        self.g_avg.mul_(beta).add_(g, alpha=1 - beta)
+        momentum_update(self.g_avg, g, beta, 1 - beta)  # the moving average of g
         self.sq_avg = beta * self.sq_avg + (1 - beta) * h
         self.norm_avg = beta * self.norm_avg + (1 - beta) * math.sqrt(h)
         bias = 1 - beta**self.n
@@ -212,18 +214,7 @@ class YellowFinMaster(MasterRule):
         return float((step[used] / before[used]).median())
 
 
-def _check_beta(beta: float) -> float:
-    if not 0.0 <= beta < 1.0:
-        raise ValueError(f"beta must be in [0, 1), got {beta!r}")
-    return float(beta)
-
-
-def _check_window(window: int) -> int:
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be an integer >= 1, got {window!r}")
-    return window
-
-
+@dataclass(frozen=True, kw_only=True)
 class YellowFin(Algorithm):
     """Open-loop YellowFin at the master: heavy ball with tuned ``alpha`` and ``mu``."""
 
@@ -232,20 +223,26 @@ class YellowFin(Algorithm):
     master_rule = YellowFinMaster
     elementwise = False  # the tuner's norms and median span the whole vector
 
-    def __init__(self, beta: float = 0.999, window: int = 20):
-        self.beta = _check_beta(beta)
-        self.window = _check_window(window)
+    beta: float = 0.999  # the decay of every moving average
+    window: int = 20  # the gradients the curvature range spans
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set(beta=check_decay("beta", self.beta))
+        w = self.window
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise ValueError(f"window must be an integer >= 1, got {w!r}")
 
 
-class YellowFinClosedLoop(Algorithm):
+@dataclass(frozen=True, kw_only=True)
+class YellowFinClosedLoop(YellowFin):
     """Closed-loop YellowFin: steers the applied momentum so the total meets the target."""
 
     name = "yellowfin-cl"
     summary = "closed-loop YellowFin: measures total momentum, feeds back on the applied one"
-    master_rule = YellowFinMaster
-    elementwise = False  # the tuner's norms and median span the whole vector
 
-    def __init__(self, beta: float = 0.999, window: int = 20, gamma: float = 0.01):
-        self.beta = _check_beta(beta)
-        self.window = _check_window(window)
-        self.gamma = check_positive("gamma", gamma)
+    gamma: float = 0.01  # the loop's gain
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set(gamma=check_positive("gamma", self.gamma))

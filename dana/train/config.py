@@ -16,7 +16,6 @@ a sweep cell and the command line, with no new dependency.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import math
 from dataclasses import dataclass, field
@@ -368,16 +367,15 @@ SCHEMA: dict[str, Rule] = {
 
 def _check_algorithm_params(name: str, params: dict[str, Any]) -> None:
     """A hyper-parameter declared ``bool`` must be a boolean, one declared ``float`` or
-    ``int`` a finite number (the constructor's annotations say which)."""
-    signature = inspect.signature(algorithms.get(name).__init__)
+    ``int`` a finite number (the algorithm's dataclass fields say which)."""
+    types = algorithms.hparam_types(name)
     for key, value in params.items():
-        param = signature.parameters.get(key)
-        if param is None:
+        if key not in types:
             continue  # an unknown name: algorithms.build says which it takes
-        kind = str(param.annotation)
-        if kind in ("bool", "<class 'bool'>") and not isinstance(value, bool):
+        kind = types[key]
+        if kind is bool and not isinstance(value, bool):
             raise ConfigError(f"{name}: hyper-parameter {key} must be true or false, got {value!r}")
-        if kind in ("float", "int", "<class 'float'>", "<class 'int'>") and not (
+        if kind in (float, int) and not (
             isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
         ):
             raise ConfigError(
