@@ -19,7 +19,23 @@ __all__ = ["build_parser", "collect_options", "main"]
 
 #: Options that do not change a run's result: accepted with --resume.
 RUNTIME_OPTIONS = {"command", "func", "resume", "quiet", "threads", "out"}
-DEFAULT_OUT = "runs/latest"
+#: Where a run without --out goes: runs/<algorithm>-k<workers>-<date>-<time>[-n].
+DEFAULT_OUT = "runs/ALGORITHM-kK-YYYYMMDD-HHMMSS"
+
+
+def default_out(config, root: str = "runs") -> str:
+    """A new run directory for a run without ``--out``: ``runs/dana-slim-k8-20250131-142501``,
+    with ``-2``, ``-3``, ... added when that name is taken (two runs in one second)."""
+    import time
+    from pathlib import Path
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{config.algorithm}-k{config.workers}-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return str(path)
 
 
 def resume_conflicts(args: argparse.Namespace) -> list[str]:
@@ -63,7 +79,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         out = run.path
     else:
         config = TrainConfig.from_dict(collect_options(args), "options")
-        out = args.out or DEFAULT_OUT
+        out = args.out or default_out(config.validate())
     summary = train(
         config,
         out,
@@ -119,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Asynchronous distributed training with momentum: DANA, its baselines, "
         "an exact simulator of k workers, and a Ray runtime.",
     )
+    from dana.version import __version__
+
+    parser.add_argument("--version", action="version", version=f"dana {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -131,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out",
         default=None,
-        help=f"run directory to write: new, or empty (default: {DEFAULT_OUT})",
+        help="run directory to write: new, or empty; a local path (default: a new "
+        f"{DEFAULT_OUT}, -2, -3, ... added if taken)",
     )
     p.add_argument(
         "--resume",

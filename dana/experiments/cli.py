@@ -139,6 +139,12 @@ def add_sweep_parser(sub) -> None:
         help="keep finished runs' checkpoint.pt (default: delete them once summary.json exists)",
     )
     run.add_argument(
+        "--no-models",
+        dest="keep_models",
+        action="store_false",
+        help="delete finished runs' final model.safetensors (default: every run keeps it)",
+    )
+    run.add_argument(
         "--reuse",
         action="append",
         default=[],
@@ -214,6 +220,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         import_mlflow()
     out = args.out or args.resume or f"results/{args.preset or 'sweep'}"
+    from dana.train.rundir import check_local
+
+    check_local(out)
     if args.dry_run:
         from dana.experiments.layout import NEW
         from dana.experiments.reuse import ReusableRuns
@@ -235,6 +244,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         keep_checkpoints=args.keep_checkpoints,
         threads=args.threads,
         reuse=args.reuse,
+        keep_models=args.keep_models,
     )
     reused = f"{result.count('reused')} reused, " if args.reuse else ""
     print(
@@ -286,6 +296,11 @@ def add_report_parser(sub) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from dana.train.rundir import check_local
+
+    for flag, value in (("DIR", args.dir), ("--out", args.out), ("--export", args.export)):
+        if value is not None:
+            check_local(value, flag)
     path = args.dir
     if args.export:
         from dana.experiments.export import export_results

@@ -24,6 +24,7 @@ import csv
 import io
 import json
 import math
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -67,6 +68,21 @@ METRICS_COLUMNS = (
     "mean_gap",
     "mean_staleness",
 )
+
+
+#: A URI's scheme (``s3://``, ``gs://``, ``http://``): not a local path.
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def check_local(path: str | Path, flag: str = "--out") -> None:
+    """DanaError for a remote location (``s3://bucket/x``): runs are written to local
+    directories only."""
+    if _URI.match(str(path)):
+        raise DanaError(
+            f"{flag} {path}: runs are written to a local directory, not to remote storage; "
+            "give a local path (and copy the run there afterwards: `aws s3 sync DIR URI`, "
+            "or track it in MLflow with --mlflow, whose artifact store may be remote)"
+        )
 
 
 class RunDir:

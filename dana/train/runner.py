@@ -25,7 +25,7 @@ from dana.train.config import TrainConfig
 from dana.train.problem import Problem
 from dana.train.progress import Progress
 from dana.train.resources import check_memory
-from dana.train.rundir import SETTINGS_KEY, RunDir
+from dana.train.rundir import SETTINGS_KEY, RunDir, check_local
 from dana.train.schedule import LRSchedule
 
 
@@ -80,6 +80,7 @@ def train(
     resumed run removes the temporary files a kill inside a write left, and refuses a
     checkpoint that does not fit its config.json. ``threads``: the CPU threads the run
     uses (``--threads``; the simulator computes that many workers' gradients at once)."""
+    check_local(out, "--resume" if resume else "--out")
     run = RunDir(out)
     if resume:
         if run.path.exists() and not run.path.is_dir():
