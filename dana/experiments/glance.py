@@ -22,10 +22,9 @@ that (being below the baseline counts); NAG-ASGD and Multi-ASGD are *worse by mo
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from dana.experiments.results import Group, Metric, Results
+from dana.experiments.results import Group, Metric, Results, perplexity_text
 
 #: DANA is "within" this many percentage points of the baseline.
 WITHIN_PP = 1.0
@@ -158,7 +157,7 @@ def glance_table(results: Results) -> str:
         f" ± {metric.number((errors.max() - errors.min()) / 2)}" if len(errors) > 1 else ""
     )
     if metric.perplexity:
-        base_text += f" (perplexity {math.exp(min(errors.mean(), 700)):.2f})"
+        base_text += f" (perplexity {perplexity_text(errors.mean())})"
     rows = glance_rows(results)
     unit = "%" if metric.is_error else metric.name
     lines = [

@@ -79,10 +79,39 @@ def mean_curve(group: Group) -> tuple[np.ndarray, np.ndarray]:
     return epochs, np.array([scale * np.mean(by_epoch[e]) for e in epochs])
 
 
+#: A loss plot's y axis ends at this many times the largest test loss at the start (a
+#: language model's: about log(vocabulary), chance): a run that blew up is off scale.
+LOSS_CLIP_FACTOR = 1.5
+
+
+def loss_ceiling(results: Results) -> float:
+    """Where a loss plot's y axis ends: :data:`LOSS_CLIP_FACTOR` times the largest finite
+    test loss of a first row (at the start) of any run; inf where there is none, or
+    where the report compares the test error."""
+    if results.metric.is_error:
+        return math.inf
+    starts = [
+        r.metrics[0][results.metric.key]
+        for r in results.runs
+        if r.metrics and math.isfinite(r.metrics[0][results.metric.key])
+    ]
+    return LOSS_CLIP_FACTOR * max(starts) if starts and max(starts) > 0 else math.inf
+
+
 def _perplexity_axis(ax, metric: Metric) -> None:
     """A second y axis giving a language model's loss as its perplexity, exp(loss)."""
     if metric.perplexity:
-        axis = ax.secondary_yaxis("right", functions=(lambda v: np.exp(np.minimum(v, 700)), np.log))
+        from matplotlib.ticker import LogLocator
+
+        def forward(v):
+            return np.exp(np.minimum(v, 700.0))
+
+        def inverse(v):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return np.log(np.maximum(v, 1e-300))
+
+        axis = ax.secondary_yaxis("right", functions=(forward, inverse))
+        axis.yaxis.set_major_locator(LogLocator(base=10.0, subs=(1.0, 2.0, 5.0)))
         axis.set_ylabel("perplexity")
 
 
@@ -96,22 +125,32 @@ def plot_error_curves(results: Results, path: Path) -> Path:
     )
     styles = _styles(results.rows)
     base = results.baseline()
+    ceiling = loss_ceiling(results)
+    shown: list[float] = []  # the plotted values under the ceiling
     for ax, k in zip(axes.flat, ks):
         if base is not None:
-            ax.plot(*mean_curve(base), "k--", lw=1.2, label=f"{base.row} k=1 (baseline)")
+            epochs, values = mean_curve(base)
+            ax.plot(epochs, values, "k--", lw=1.2, label=f"{base.row} k=1 (baseline)")
+            shown += [v for v in values if v <= ceiling]
         for row in results.rows:
             group = results.group(row, k)
             if group is None or group is base:
                 continue
             epochs, errors = mean_curve(group)
             ax.plot(epochs, errors, **styles[row], marker=".", label=row)
+            shown += [v for v in errors if v <= ceiling]
         ax.set(
             title=f"k = {k}",
             xlabel="epoch",
             ylabel=results.metric.title.replace(" (perplexity)", ""),
         )
-        _perplexity_axis(ax, results.metric)
         ax.grid(alpha=0.3)
+    if shown and max(ax.get_ylim()[1] for ax in axes.flat[: len(ks)]) > ceiling:
+        # a run that blew up leaves the shared axis at the top
+        low, high = min(shown), max(shown)
+        axes.flat[0].set_ylim(low - 0.05 * (high - low), ceiling)
+    for ax in axes.flat[: len(ks)]:
+        _perplexity_axis(ax, results.metric)
     for ax in list(axes.flat)[len(ks) :]:
         ax.axis("off")
     fig.tight_layout()
@@ -238,9 +277,9 @@ def _jitter(ks: list[int], index: int, count: int) -> list[float]:
     return [k * 2 ** (0.05 * (index - (count - 1) / 2)) for k in ks]
 
 
-def _legend_outside(ax) -> None:
+def _legend_outside(ax, right: float = 1.02) -> None:
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(right, 0.5))
 
 
 def _workers_axis(ax, results: Results) -> None:
@@ -259,7 +298,7 @@ def error_vs_workers_figure(results: Results):
         results,
         lambda g: metric.scale * float(np.mean(g.finals())) if len(g.finals()) else math.nan,
     )
-    ceiling = 100.0 if metric.is_error else math.inf
+    ceiling = 100.0 if metric.is_error else loss_ceiling(results)
     top = min(ceiling, robust_top(series, ERROR_CLIP_FACTOR))
     _draw_against_workers(ax, results, series, top if math.isfinite(top) else ceiling, log=False)
     base = results.baseline()
@@ -274,7 +313,7 @@ def error_vs_workers_figure(results: Results):
     _perplexity_axis(ax, metric)
     _workers_axis(ax, results)
     fig.tight_layout()
-    _legend_outside(ax)
+    _legend_outside(ax, 1.14 if metric.perplexity else 1.02)
     return fig
 
 

@@ -72,7 +72,7 @@ class Metric:
         if self.is_error:
             return f"{self.scale * value:.2f}% {self.name}"
         text = f"{self.name} {value:.4f}"
-        return text + (f" (perplexity {_exp(value):.2f})" if self.perplexity else "")
+        return text + (f" (perplexity {perplexity_text(value)})" if self.perplexity else "")
 
     def difference(self, value: float) -> str:
         """A difference: ``+0.50 pp``, ``+0.0100``."""
@@ -90,8 +90,12 @@ TEST_LOSS = Metric("test_loss", "final_test_loss", "test loss", 1.0, (0.01, 0.02
 LM_LOSS = Metric("test_loss", "final_test_loss", "test loss", 1.0, (0.01, 0.02), True)
 
 
-def _exp(value: float) -> float:
-    return math.exp(value) if value < 700 else math.inf
+def perplexity_text(loss: float) -> str:
+    """``exp(loss)`` as a report shows it: ``16.50``, ``1.014e+304``, ``inf``."""
+    if math.isnan(loss):
+        return "nan"
+    value = math.exp(loss) if loss < 709.0 else math.inf
+    return f"{value:.2f}" if value < 1e6 else f"{value:.4g}"
 
 
 def choose_metric(runs: list[Run]) -> Metric:

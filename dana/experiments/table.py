@@ -12,10 +12,9 @@ when there is no run (not in the grid, or not started yet in a partial sweep).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
-from dana.experiments.results import Group, Results
+from dana.experiments.results import Group, Results, perplexity_text
 from dana.experiments.targets import (
     NO_SSGD,
     SSGD_NOT_REACHED,
@@ -71,7 +70,7 @@ def error_cell(group: Group | None, seeds: int) -> str:
         f" ± {metric.number(errors.std(ddof=1))}" if len(errors) > 1 else ""
     )
     if metric.perplexity:
-        text += f" (perplexity {math.exp(min(errors.mean(), 700)):.2f})"
+        text += f" (perplexity {perplexity_text(errors.mean())})"
     notes = []
     if diverged:
         notes.append(f"{diverged}/{n} diverged")
