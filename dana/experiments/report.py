@@ -126,10 +126,10 @@ def _markdown(results: Results, table: str, targets: list[Target]) -> str:
             f"Settings that vary besides algorithm, k and seed: {', '.join(results.row_keys)}.",
             "",
         ]
-    lines += _glance(results)
     metric = results.metric
     if not metric.is_error:
         lines += [_metric_text(results), ""]
+    lines += _glance(results)
     lines += [
         f"## Final {metric.title}",
         "",
