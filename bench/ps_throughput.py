@@ -4,11 +4,13 @@ Workers send precomputed messages as fast as they can; the number that counts is
 applied per second at the server, measured over a window after a warm-up (the object
 store's pages are touched for the first time during the warm-up).
 
-- dana: the real :class:`dana.ps.server.ShardServer` (``dana-slim``: the master does
-  ``Theta -= lr*u``) and the real worker-side protocol (:class:`dana.ps.link.ServerLink`):
-  each step is one ``exchange`` call per shard (push, then pull the new parameters),
-  numpy arrays through Ray's object store. The server also keeps the run's log and
-  measures staleness and gap, as in a real run.
+- dana: the real :class:`dana.ps.shard.ShardServer` (``dana-slim``: the master does
+  ``Theta -= lr*u``) and the real protocol (:mod:`dana.ps.protocol`: a
+  :class:`~dana.ps.protocol.Push` split into the shards' parts), a worker calling every
+  shard itself (:class:`DirectLink`, here: a run's workers call shard 0 only, which
+  relays): each step is one ``exchange`` call per shard (push, then pull the new
+  parameters), numpy arrays through Ray's object store. The server also keeps the run's
+  log and measures staleness and gap, as in a real run.
 - ray example: the pattern of Ray's parameter-server example
   (ray-project/ray, doc/source/ray-core/examples/plot_parameter_server.ipynb,
   asynchronous version): the driver waits for gradients in completion order
@@ -20,7 +22,9 @@ store's pages are touched for the first time during the warm-up).
   touches every parameter.
 - standby: what shard 0's standby replica costs (docs/DISTRIBUTED.md, "Shard 0's
   standby"): dana as a run uses it, the workers calling shard 0 only
-  (``relay_exchange``), which relays to the other shards, with and without the standby
+  (:class:`dana.ps.link.ServerLink`, ``relay_exchange`` on a
+  :class:`dana.ps.head.HeadServer`), which relays to the other shards, with and without
+  the standby
   (``--no-standby``), while the driver's work goes on as in a run (every 0.2 s it polls
   the standby and the other shards, keeps their recovery snapshots, taken once a second,
   and trims the logs to them). Measured in the order without, with, with, without, so
@@ -64,10 +68,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from dana.ps.cluster import local_system_config  # noqa: E402
-from dana.ps.launcher import POLL_SECONDS  # noqa: E402
+from dana.ps.group import POLL_SECONDS  # noqa: E402
+from dana.ps.head import HeadServer  # noqa: E402
 from dana.ps.layout import Layout  # noqa: E402
 from dana.ps.link import ServerLink  # noqa: E402
-from dana.ps.server import ShardServer  # noqa: E402
+from dana.ps.protocol import Pulled, Push, split  # noqa: E402
+from dana.ps.shard import ShardServer  # noqa: E402
 from dana.train.config import TrainConfig  # noqa: E402
 
 SMALL, LARGE = 272_474, 25_557_032
@@ -149,17 +155,18 @@ class ExampleServer:
         return self.applied
 
 
-class MeasuredServer(ShardServer):
-    """dana's server, also timing its ``exchange`` handler and sampling its memory."""
+class Measured:
+    """A dana server (the class it is mixed into), also timing its ``exchange`` handler
+    and sampling its memory."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.handler_seconds = 0.0
         self.peak_anon = _status_kb("RssAnon")
 
-    def exchange(self, *args: Any) -> Any:
+    def exchange(self, push: Push) -> Any:
         start = time.perf_counter()
-        reply = super().exchange(*args)
+        reply = super().exchange(push)
         self.handler_seconds += time.perf_counter() - start
         self.peak_anon = max(self.peak_anon, _status_kb("RssAnon"))
         return reply
@@ -186,6 +193,41 @@ class MeasuredServer(ShardServer):
         }
 
 
+class MeasuredShard(Measured, ShardServer):
+    """A shard, measured."""
+
+
+class MeasuredHead(Measured, HeadServer):
+    """Shard 0 of a run (the head, or its standby), measured."""
+
+
+class DirectLink:
+    """A worker calling every shard itself, concurrently (no relay: a run's workers call
+    shard 0 only, :class:`dana.ps.link.ServerLink`): a pull asks every shard and joins
+    the replies into one flat vector (with one shard, the reply itself, read-only,
+    straight from Ray's object store: no copy); a push sends each shard its part."""
+
+    def __init__(self, servers: list[Any], layout: Layout, worker: int):
+        self.servers, self.layout, self.worker = servers, layout, worker
+        self.buffer = torch.empty(layout.d, dtype=torch.float32) if len(servers) > 1 else None
+
+    def pull(self, join: bool = False) -> Pulled:
+        """Shard 0's reply (its last seq is the worker's)."""
+        return ray.get([s.pull.remote(self.worker, join) for s in self.servers])[0]
+
+    def exchange(self, push: Push) -> torch.Tensor | None:
+        """Push and pull in one round trip: the parameters (None if a shard served none)."""
+        parts = split(push, self.layout)
+        replies = ray.get([s.exchange.remote(p) for s, p in zip(self.servers, parts)])
+        if any(r.params is None for r in replies):
+            return None
+        if self.buffer is None:
+            return torch.from_numpy(replies[0].params)
+        for (lo, hi), r in zip(self.layout.bounds, replies):
+            self.buffer[lo:hi].copy_(torch.from_numpy(r.params))
+        return self.buffer
+
+
 @ray.remote(num_cpus=1)
 class BenchWorker:
     """Holds a precomputed message; speaks dana's protocol or the example's."""
@@ -193,35 +235,36 @@ class BenchWorker:
     def __init__(self, d: int, seed: int):
         torch.set_num_threads(1)
         rng = np.random.default_rng(seed)
-        self.message = torch.from_numpy(rng.standard_normal(d, dtype=np.float32) * 1e-6)
-        self.offset = torch.zeros(d)
+        self.message = rng.standard_normal(d, dtype=np.float32) * 1e-6
+        self.offset = np.zeros(d, np.float32)
         self.model: LayerModel | None = None
         self.gradients: list[np.ndarray] = []
 
     def connect(
-        self, servers: list[Any], d: int, worker: int, seed: int, relay: bool = False
+        self, servers: list[Any], d: int, worker: int, seed: int, head: str | None = None
     ) -> None:
-        """Talk to ``servers``: each shard directly, or (``relay``) shard 0 only, which
-        relays to the others, as a run's workers do."""
+        """Talk to ``servers``: each shard directly, or (``head``: the name of shard 0's
+        actor) shard 0 only, which relays to the others, as a run's workers do."""
         layout = Layout(d, len(servers), seed)
-        if relay:
-            servers = [servers[0], *([None] * (len(servers) - 1))]
-        self.link = ServerLink(servers, layout, worker, torch.float32, relay=relay)
+        if head is None:
+            self.link = DirectLink(servers, layout, worker)
+        else:
+            self.link = ServerLink(head, layout, worker, torch.float32)
         self.worker = worker
 
     def run_dana(self, seconds: float, offsets: bool) -> int:
         """Exchange the message with the servers until ``seconds`` have passed."""
-        _, _, _, seq, _ = self.link.pull(join=True)  # (status, params, lr, last seq, joins)
+        seq = self.link.pull(join=True).last_seq
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
             seq += 1
             offset = self.offset if offsets else None
-            self.link.exchange(seq, self.message, 0.0, offset, None)
+            self.link.exchange(Push(self.worker, seq, self.message, 0.0, offset))
         return seq
 
     def setup_example(self, shapes: list[tuple[int, ...]]) -> None:
         self.model = LayerModel(shapes)
-        flat, offset = self.message.numpy(), 0
+        flat, offset = self.message, 0
         self.gradients = []
         for shape in shapes:
             n = math.prod(shape)
@@ -259,7 +302,7 @@ def dana_servers(d: int, workers: int, servers: int) -> list[Any]:
     ).to_dict()
     layout = Layout(d, servers, 0)
     initial = np.zeros(d, np.float32)
-    actor = ray.remote(MeasuredServer).options(num_cpus=1)
+    actor = ray.remote(MeasuredShard).options(num_cpus=1)
     handles = [
         actor.remote(
             config,
@@ -289,20 +332,21 @@ class RelayedServers:
         bounds = Layout(d, servers, 0).bounds
         initial = np.zeros(d, np.float32)
         common = dict(d=d, batches_per_epoch=1 << 40, end=None, evals=[], checkpoints=[])
-        names = [f"bench-{uuid.uuid4().hex[:8]}-shard{s}" for s in range(servers)]
-        actor = ray.remote(MeasuredServer)
+        self.names = names = [f"bench-{uuid.uuid4().hex[:8]}-shard{s}" for s in range(servers)]
+        head, shard = ray.remote(MeasuredHead), ray.remote(MeasuredShard)
+        parts = [initial[lo:hi] for lo, hi in bounds]
         self.shards = [
-            actor.options(name=names[s], num_cpus=1).remote(
-                config, s, initial[lo:hi], **common,
-                peers=names[1:] if s == 0 and servers > 1 else None,
-                replicated=s == 0 and standby,
+            head.options(name=names[0], num_cpus=1).remote(
+                config, 0, parts[0], **common, peers=names[1:] or None, replicated=standby
             )
-            for s, (lo, hi) in enumerate(bounds)
-        ]  # fmt: skip
-        lo, hi = bounds[0]
+        ]
+        for s in range(1, servers):
+            self.shards.append(
+                shard.options(name=names[s], num_cpus=1).remote(config, s, parts[s], **common)
+            )
         self.standby = (
-            actor.options(num_cpus=1).remote(
-                config, 0, initial[lo:hi], **common, peers=names[1:] or None, standby=True
+            head.options(num_cpus=1).remote(
+                config, 0, parts[0], **common, peers=names[1:] or None, standby=True
             )
             if standby
             else None
@@ -356,12 +400,10 @@ def measure_dana(
     while the workers still push (the same load). ``relayed``: the servers of a run
     instead (``servers`` is ignored), the workers calling shard 0 only, the driver's work
     going on meanwhile."""
-    wait = time.sleep
+    wait, head = time.sleep, None
     if relayed is not None:
-        servers, wait = relayed.shards, relayed.tend
-    ray.get(
-        [w.connect.remote(servers, d, i, 0, relayed is not None) for i, w in enumerate(workers)]
-    )
+        servers, wait, head = relayed.shards, relayed.tend, relayed.names[0]
+    ray.get([w.connect.remote(servers, d, i, 0, head) for i, w in enumerate(workers)])
     runs = [w.run_dana.remote(warm + window + 1.0, offsets) for w in workers]
     wait(warm)
     t0, s0 = time.perf_counter(), ray.get(servers[0].stats.remote())

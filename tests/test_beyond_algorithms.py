@@ -52,14 +52,18 @@ def drive(algo, k, problem, order, batches, lr=0.05, weight_decay=0.0):
     step ``t`` is a computation of worker ``order[t]`` on ``batches[t]``; a message is
     pushed and the worker pulls again. Returns the master, the worker rule and every
     pull's parameters (after the initial ones), and the parameters each step computed at.
+    ``lr``: a rate, or a function of the step ``t`` (a schedule, as the runners read it:
+    step ``t``'s message and push at ``lr(t)``, the pull after it at ``lr(t + 1)``).
     """
+    rate = lr if callable(lr) else (lambda t: lr)
     master = algo.master(torch.zeros(problem.d, dtype=F64), k)
     workers = algo.worker(k, problem.d, F64)
     sent = torch.zeros(k, problem.d, dtype=F64)
     for i in range(k):
-        master.pull(i, lr, sent[i])
+        master.pull(i, rate(0), sent[i])
     pulls, computed = [], []
-    for i, rows in zip(order, batches):
+    for t, (i, rows) in enumerate(zip(order, batches)):
+        lr = rate(t)
         p = workers.compute_at(i, sent[i])
         computed.append(p.clone())
         grad = problem.gradient(p, rows)[0]
@@ -69,7 +73,7 @@ def drive(algo, k, problem, order, batches, lr=0.05, weight_decay=0.0):
         message = workers.message(i, grad)
         if message is not None:
             master.push(i, message, lr)
-            master.pull(i, lr, sent[i])
+            master.pull(i, rate(t + 1), sent[i])
             pulls.append(sent[i].clone())
     return master, workers, pulls, computed
 
@@ -143,7 +147,7 @@ def test_bad_hyper_parameters_are_refused_by_name(name, hparams, match):
 def test_local_sgd_one_worker_outer_lr_one_is_its_inner_momentum_sgd(H):
     problem = make_least_squares()
     order, batches = events(1, 30)
-    algo = A.build("local-sgd", momentum=0.9, local_steps=H)
+    algo = A.build("local-sgd", momentum=0.9, local_steps=H, outer_lr=1.0)
     *_, computed = drive(algo, 1, problem, order, batches, weight_decay=1e-2)
     ref = torch_run(torch.optim.SGD, problem, batches, l2=1e-2, lr=0.05, momentum=0.9)
     assert_same(computed, ref)
@@ -160,6 +164,7 @@ def test_local_sgd_adamw_inner_is_torch_adamw():
         local_steps=4,
         inner_decay=0.1,
         eps=1e-6,
+        outer_lr=1.0,
     )
     *_, computed = drive(algo, 1, problem, order, batches)
     ref = torch_run(
@@ -196,17 +201,71 @@ def test_local_rules_with_one_local_step_are_their_single_step_rules():
     problem = make_least_squares()
     order, batches = events(3, 120, seed=6)
     for local, single in (("local-sgd", "multi-asgd"), ("local-nesterov", "nag-asgd")):
-        algo = A.build(local, momentum=0.9, local_steps=1, outer_lr=1.0)
+        algo = A.build(local, momentum=0.9, local_steps=1, outer_lr=1.0, outer_weight=1.0)
         a = drive(algo, 3, problem, order, batches)
         b = drive(A.build(single, momentum=0.9), 3, problem, order, batches)
         assert_same(a[2], b[2])
+
+
+def warm_up(t: int) -> float:
+    """A schedule as the studies': a linear warm-up over 40 steps, then x0.1 at 80."""
+    return 0.05 * min(1.0, (t + 1) / 40) * (0.1 if t >= 80 else 1.0)
+
+
+@pytest.mark.parametrize(
+    "rule, hparams, counterpart",
+    [
+        ("local-nesterov", {"outer_lr": 1.0, "outer_weight": 1.0}, "nag-asgd"),
+        ("dana-local", {"outer_lr": 1.0, "outer_weight": 1.0}, "dana-zero"),
+    ],
+)
+def test_single_step_reductions_hold_with_a_constant_rate_only(rule, hparams, counterpart):
+    """With H = 1 the outer gradient is lr*g, and the outer momentum sums the rates with
+    the gradients (v = mu*v + lr_t*g) where the single-step rule scales the sum
+    (lr_t*(mu*v + g)): the same parameters at a constant rate, and apart under a warm-up
+    and a decay (docs/ALGORITHMS.md's reductions say so)."""
+    problem = make_least_squares()
+    order, batches = events(3, 120, seed=6)
+    local = A.build(rule, momentum=0.9, local_steps=1, **hparams)
+    single = A.build(counterpart, momentum=0.9)
+    assert_same(
+        drive(local, 3, problem, order, batches)[2], drive(single, 3, problem, order, batches)[2]
+    )
+    a = drive(local, 3, problem, order, batches, lr=warm_up)[2]
+    b = drive(single, 3, problem, order, batches, lr=warm_up)[2]
+    assert max(max_rel_diff(x, y) for x, y in zip(a, b)) > 0.05
+
+
+def test_ormo_and_smega2_reductions_hold_with_a_constant_rate_only():
+    """OrMo keeps the rate inside its momentum (u += lr*g) where torch's SGD scales the
+    buffer (p -= lr*buf), and SMEGA2 with N = 1 estimates at the last push's rate where
+    NAG-ASGD pulls at the next update's: equal at a constant rate, apart under a
+    schedule."""
+    problem = make_least_squares()
+    order, batches = events(1, 120)
+    ormo = drive(A.build("ormo", momentum=0.9), 1, problem, order, batches, lr=warm_up)[3]
+    param = torch.nn.Parameter(torch.zeros(problem.d, dtype=F64))
+    opt = torch.optim.SGD([param], lr=1.0, momentum=0.9)
+    ref = []
+    for t, rows in enumerate(batches):
+        ref.append(param.detach().clone())
+        for group in opt.param_groups:
+            group["lr"] = warm_up(t)
+        param.grad = problem.gradient(param.detach(), rows)[0]
+        opt.step()
+    assert max(max_rel_diff(x, y) for x, y in zip(ormo, ref)) > 0.05
+    order, batches = events(3, 120, seed=4)
+    smega2 = drive(A.build("smega2", momentum=0.9, cycle=1), 3, problem, order, batches, lr=warm_up)
+    nag = drive(A.build("nag-asgd", momentum=0.9), 3, problem, order, batches, lr=warm_up)
+    assert max(max_rel_diff(x, y) for x, y in zip(smega2[2], nag[2])) > 1e-3
 
 
 def test_local_nesterov_is_delayed_nesterov_with_period_one_and_torch_nesterov():
     problem = make_least_squares()
     order, batches = events(3, 90)
     a = drive(A.build("local-nesterov", local_steps=3), 3, problem, order, batches)
-    dn = A.build("local-dn", local_steps=3, period=1, c=0.7, outer_lr=0.7)  # c: no effect
+    # local-nesterov's defaults (0.07, w = sqrt(k)/k) on Delayed Nesterov with N = 1
+    dn = A.build("local-dn", local_steps=3, period=1, c=0.7, outer_lr=0.07, outer_weight=None)
     b = drive(dn, 3, problem, order, batches)
     assert_same(a[2], b[2], tol=0)
     # H = 1, no inner momentum, one worker: outer Nesterov on lr*g is Nesterov SGD
@@ -250,10 +309,28 @@ def test_local_dn_period_defaults_to_k():
     assert master.period == 5 and master.acc is not None
 
 
+@pytest.mark.parametrize("k", [1, 4, 16, 64])
+def test_the_outer_steps_are_the_reference_codes(k):
+    """Each rule's outer rate per outer gradient: the asynchronous Local-SGD notebook's
+    (outer SGD 0.7, outer Nesterov 0.07 at momentum 0.9, each Delta weighted sqrt(k)/k;
+    dana-local as local-nesterov) and halos' Delayed Nesterov (0.05*N, N = k)."""
+    zeros = torch.zeros(3)
+    w = k**0.5 / k
+    assert A.build("local-sgd").master(zeros, k).rate == pytest.approx(0.7 * w)
+    assert A.build("local-nesterov").master(zeros, k).rate == pytest.approx(0.07 * w)
+    assert A.build("dana-local").master(zeros, k).rate == pytest.approx(0.07 * w)
+    assert A.build("local-dn").master(zeros, k).rate == pytest.approx(0.05 * k)
+    assert A.build("local-dn", period=32).master(zeros, k).rate == pytest.approx(0.05 * 32)
+    # over a run, one outer gradient moves the master by rate/(1 - mu) (Nesterov) or
+    # rate/N/(1 - mu) (Delayed Nesterov: 0.5 whatever N)
+    dn = A.build("local-dn").master(zeros, k)
+    assert dn.rate / dn.period / (1 - 0.9) == pytest.approx(0.5)
+
+
 def test_dana_local_with_one_local_step_is_dana_zero():
     problem = make_least_squares()
     order, batches = events(4, 200, seed=3)
-    local = A.build("dana-local", momentum=0.9, local_steps=1)  # inner SGD, outer_lr 1
+    local = A.build("dana-local", momentum=0.9, local_steps=1, outer_lr=1.0, outer_weight=1.0)
     _, _, pulls, computed = drive(local, 4, problem, order, batches)
     _, _, ref_pulls, ref_computed = drive(
         A.build("dana-zero", momentum=0.9), 4, problem, order, batches
@@ -264,7 +341,7 @@ def test_dana_local_with_one_local_step_is_dana_zero():
 
 
 def test_dana_local_pulls_where_the_outer_momenta_take_the_master():
-    algo = A.build("dana-local", momentum=0.5, local_steps=2, outer_lr=0.5)
+    algo = A.build("dana-local", momentum=0.5, local_steps=2, outer_lr=0.5, outer_weight=1.0)
     master = algo.master(torch.zeros(1, dtype=F64), 2)
     master.push(0, torch.tensor([1.0], dtype=F64), 0.1)  # v0 = 1, theta = -0.5
     master.push(1, torch.tensor([2.0], dtype=F64), 0.1)  # v1 = 2, theta = -1.5
@@ -373,6 +450,20 @@ def test_smega2_matches_the_reference_step_and_estimate(advanced):
         np.testing.assert_allclose(
             master.pull(i % 3, 0.1, out).numpy(), estimate, rtol=1e-12, atol=1e-14
         )
+
+
+def test_smega2_estimates_at_the_last_steps_rate_as_the_authors_code():
+    """The authors' trainer calls ``optimizer.step()`` then ``optimizer.estimate()``,
+    which reads the rate of the step just taken: under a schedule the pull uses the
+    last push's rate, not the next update's (the rate the runner passes to the pull)."""
+    m, N = 0.9, 2
+    master = A.build("smega2", momentum=m, advanced=False).master(torch.zeros(1, dtype=F64), N)
+    out = torch.empty(1, dtype=F64)
+    master.push(0, torch.tensor([1.0], dtype=F64), lr=0.1)
+    master.push(1, torch.tensor([1.0], dtype=F64), lr=0.2)  # v = 1 at the cycle's end
+    theta = float(master.theta)
+    estimate = float(master.pull(0, lr=5.0, out=out))  # 5.0: the next update's, unused
+    assert estimate == pytest.approx(theta - 0.2 * m * N * 1.0)
 
 
 # -- the delay cut-off and delay-adaptive steps ---------------------------------------------
@@ -597,7 +688,10 @@ def test_dynamic_local_updates_on_ray_need_emulated_speeds():
 def test_every_new_rule_trains_in_the_simulator(name):
     problem = make_least_squares()
     hparams = {"local_steps": 4} if A.hparam_names(name)[1:2] == ["local_steps"] else {}
-    lr = 0.005 if "momentum" in A.hparam_names(name) else 0.05  # the same step size
+    # the same step size: 0.005 under a momentum of 0.9, else 0.05 (the outer-momentum
+    # Local-SGD rules take plain inner SGD steps)
+    plain_inner = "inner_momentum" in A.hparam_names(name)
+    lr = 0.005 if "momentum" in A.hparam_names(name) and not plain_inner else 0.05
     sim = make_simulator(name, 4, problem, lr=lr, **hparams)
     start = problem.loss(sim.params())
     sim.run(pushes=800)
@@ -639,7 +733,9 @@ def test_local_sgd_trains_on_ray_with_two_shards(tmp_path):
         workers=2,
         servers=2,
         epochs=2.0,
-        algorithm_params={"local_steps": 4},
+        # the rate of the single-step rules (the references' outer steps move the master
+        # 0.7/sqrt(k) outer gradients: slower than this test's two epochs need)
+        algorithm_params={"local_steps": 4, "outer_lr": 1.0, "outer_weight": 1.0},
     )
     # one logical CPU per actor (2 shards, 2 workers); they share the cores there are
     with ray_session(None, actors=4):
@@ -667,8 +763,10 @@ def test_dynamic_local_updates_on_ray_size_each_workers_phase_by_its_emulated_sp
         timing="trace",
         timing_params={"path": path},
         time_scale=0.005,
-        algorithm_params={"local_steps": 4, "dynamic_steps": True},
-    )
+        algorithm_params={
+            "local_steps": 4, "dynamic_steps": True, "outer_lr": 1.0, "outer_weight": 1.0
+        },
+    )  # fmt: skip
     with ray_session(None, actors=2):
         runner = run_on_ray(config, tmp_path / "run")
     first = check_accounting(runner)["shards"][0]

@@ -61,9 +61,12 @@ def test_hparams_are_the_fields_of_a_frozen_dataclass(name):
 
 
 def test_a_variant_redeclares_one_default():
-    nesterov, dana_local = A.hparam_defaults("local-nesterov"), A.hparam_defaults("dana-local")
-    assert {k for k in nesterov if nesterov[k] != dana_local[k]} == {"outer_lr"}
-    assert A.build("local-nesterov").outer_lr == 0.7
+    from dana.algorithms.local_sgd import OuterMomentumAlgorithm
+
+    base = {f.name: f.default for f in dataclasses.fields(OuterMomentumAlgorithm)}
+    nesterov = A.hparam_defaults("local-nesterov")
+    assert {k for k in nesterov if nesterov[k] != base[k]} == {"outer_lr"}
+    assert A.build("local-nesterov").outer_lr == 0.07
     assert repr(A.build("dana-slim", momentum=0)) == "DanaSlim(momentum=0.0)"  # normalised
 
 

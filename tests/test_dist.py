@@ -1,10 +1,11 @@
 """The Ray runtime (dana.ps): protocol units without Ray, then real runs on a local Ray.
 
-The unit tests drive a :class:`ShardServer` and a :class:`LogMerger` directly. The tests
-marked ``ray`` start one local Ray for the module (and, for the driver-crash test, two
-``dana train`` processes with their own), train tiny models on synthetic data and check
-the results and the runtime's accounting: every push a worker numbered is applied once
-or refused after the run's end, never twice, none skipped.
+The unit tests drive a :class:`HeadServer` (shard 0), a :class:`ShardServer` and a
+:class:`LogMerger` directly. The tests marked ``ray`` start one local Ray for the module
+(and, for the driver-crash test, two ``dana train`` processes with their own), train
+tiny models on synthetic data and check the results and the runtime's accounting: every
+push a worker numbered is applied once or refused after the run's end, never twice,
+none skipped.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ import torch
 from dana import algorithms
 from dana.errors import ConfigError
 from dana.ps.cluster import ray_session
+from dana.ps.head import HeadServer
 from dana.ps.layout import Layout, shard_bounds
 from dana.ps.log import LogMerger, ShardLog
-from dana.ps.server import APPLIED, DUPLICATE, LOCAL, PARAMS, STOP, WAIT, ShardServer
+from dana.ps.protocol import Push, Status
+from dana.ps.shard import ShardServer
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
 from dana.train.progress import Progress
@@ -68,10 +71,14 @@ def tiny(**overrides: Any) -> TrainConfig:
 
 
 # -- units, no Ray ------------------------------------------------------------------------
-def make_server(config: TrainConfig, d: int = 6, **kw: Any) -> ShardServer:
+APPLIED, DUPLICATE, LOCAL = Status.APPLIED, Status.DUPLICATE, Status.LOCAL
+PARAMS, STOP, WAIT = Status.PARAMS, Status.STOP, Status.WAIT
+
+
+def make_server(config: TrainConfig, d: int = 6, **kw: Any) -> HeadServer:
     options = dict(batches_per_epoch=100, end=None, evals=[], checkpoints=[])
     options.update(kw)
-    server = ShardServer(config.to_dict(), 0, np.zeros(d, np.float32), d=d, **options)
+    server = HeadServer(config.to_dict(), 0, np.zeros(d, np.float32), d=d, **options)
     server.begin(time.time())
     return server
 
@@ -90,13 +97,13 @@ def test_push_is_idempotent_and_stops_at_the_end():
     status, params, lr, last_seq, joins = server.pull(0, join=True)
     assert (status, last_seq, joins, lr) == ("params", 0, 1, 0.5)
     g = np.ones(6, np.float32)
-    assert server.push(0, 1, g, loss=1.0) == APPLIED
-    assert server.push(0, 1, g, loss=1.0) == DUPLICATE  # the same push again: not applied
+    assert server.push(Push(0, 1, g, loss=1.0)) == APPLIED
+    assert server.push(Push(0, 1, g, loss=1.0)) == DUPLICATE  # the same push again: not applied
     np.testing.assert_allclose(server.master.theta.numpy(), -0.5)
-    status, params, _ = server.exchange(1, 1, g, loss=1.0)
+    status, params, _ = server.exchange(Push(1, 1, g, loss=1.0))
     assert status == APPLIED and params is not None
-    assert server.push(1, 2, g) == APPLIED  # the run's third and last step
-    assert server.stopped and server.push(0, 2, g) == STOP
+    assert server.push(Push(1, 2, g)) == APPLIED  # the run's third and last step
+    assert server.stopped and server.push(Push(0, 2, g)) == STOP
     assert server.pull(0)[0] == STOP
     counters = server.counters()
     assert counters["pushes"] == counters["updates"] == 3
@@ -109,8 +116,8 @@ def test_staleness_and_gap_are_measured_at_the_server():
     server.pull(0, join=True)
     server.pull(1, join=True)
     g = np.full(6, 2.0, np.float32)
-    server.push(0, 1, g)
-    server.push(1, 1, g)  # computed before worker 0's push landed: staleness 1
+    server.push(Push(0, 1, g))
+    server.push(Push(1, 1, g))  # computed before worker 0's push landed: staleness 1
     log = server.log.drain()
     assert log["staleness"].tolist() == [0, 1]
     gap = np.sqrt(log["gap_sq"] / log["gap_n"])
@@ -124,7 +131,7 @@ def test_ssgd_rounds_and_snapshots():
     for seq in (1, 2):
         for w in (0, 1):
             server.pull(w)
-            server.push(w, seq, np.full(6, w + 1.0, np.float32))
+            server.push(Push(w, seq, np.full(6, w + 1.0, np.float32)))
     snaps = server.poll()["snapshots"]
     # point 2 at the first round boundary, point 3 at the next (steps 4)
     assert [(s["point"], s["steps"], s["updates"]) for s in snaps] == [(2, 2, 1), (3, 4, 2)]
@@ -145,7 +152,7 @@ def test_ssgd_server_applies_the_schedule_once_per_round():
         for w in range(k):
             status, _, lr, *_ = server.pull(w)
             assert status == PARAMS
-            server.push(w, seq, np.ones(6, np.float32))
+            server.push(Push(w, seq, np.ones(6, np.float32)))
     log = server.poll()["log"]
     schedule = [0.1 + 0.3 * (u * k / bpe) / 2 for u in range(5)]
     np.testing.assert_allclose(log["lr"], np.repeat(schedule, k), rtol=1e-12)
@@ -183,16 +190,16 @@ def test_bounded_staleness_gates_at_the_server():
     g = np.ones(6, np.float32)
     assert server.pull(0, join=True)[0] == server.pull(1, join=True)[0] == PARAMS
     assert server.pull(2, join=True)[:2] == (WAIT, None)  # s + 1 = 2 workers in flight
-    status, params, _ = server.exchange(1, 1, g)  # applied, but worker 2 starts first
+    status, params, _ = server.exchange(Push(1, 1, g))  # applied, but worker 2 starts first
     assert (status, params) == (APPLIED, None)
     assert server.pull(1)[0] == WAIT and server.pull(2)[0] == PARAMS
     # worker 2 pulled after 1 update; worker 0 (older) has staleness 1 already: holding
     # 2's push keeps room for 0's
-    assert server.push(2, 1, g) == WAIT
-    assert server.push(2, 1, g) == WAIT and server.last_seq[2] == 0  # not taken
-    assert server.push(0, 1, g) == APPLIED  # the oldest is never held
-    assert server.push(2, 1, g) == APPLIED
-    assert server.push(2, 1, g) == DUPLICATE  # idempotent as ever
+    assert server.push(Push(2, 1, g)) == WAIT
+    assert server.push(Push(2, 1, g)) == WAIT and server.records.last_seq[2] == 0  # not taken
+    assert server.push(Push(0, 1, g)) == APPLIED  # the oldest is never held
+    assert server.push(Push(2, 1, g)) == APPLIED
+    assert server.push(Push(2, 1, g)) == DUPLICATE  # idempotent as ever
     assert server.log.drain()["staleness"].tolist() == [0, 1, 1]
     assert server.pull(1)[0] == PARAMS and server.pull(0)[0] == PARAMS  # in line
     assert server.pull(2)[0] == WAIT
@@ -205,11 +212,11 @@ def test_bounded_staleness_gates_at_the_server():
     assert server.gate.inflight == [1] and server.pull(2)[0] == PARAMS
     server.forget(1)  # gone for good: holds no one
     assert server.gate.inflight == [2] and server.pull(0)[0] == PARAMS
-    assert server.push(0, 2, g) == APPLIED  # worker 2, older, had room for one update
-    assert server.push(2, 2, g) == APPLIED
+    assert server.push(Push(0, 2, g)) == APPLIED  # worker 2, older, had room for one update
+    assert server.push(Push(2, 2, g)) == APPLIED
     assert max(server.log.drain()["staleness"]) == 1
     server.stop()
-    assert server.push(0, 3, g) == STOP and server.pull(1)[0] == STOP
+    assert server.push(Push(0, 3, g)) == STOP and server.pull(1)[0] == STOP
 
 
 def test_gate_docstring_example():
@@ -262,8 +269,9 @@ def serve_as_the_simulator(name: str, workers: int, servers: int, steps: int) ->
     algorithm = config.build_algorithm()
     bounds = Layout(problem.d, servers, 0).bounds
     shards = [
-        ShardServer(config.to_dict(), s, np.zeros(hi - lo), d=problem.d, batches_per_epoch=16,
-                    end=None, evals=[], checkpoints=[], algorithm=algorithm)
+        (HeadServer if s == 0 else ShardServer)(
+            config.to_dict(), s, np.zeros(hi - lo), d=problem.d, batches_per_epoch=16,
+            end=None, evals=[], checkpoints=[], algorithm=algorithm)
         for s, (lo, hi) in enumerate(bounds)
     ]  # fmt: skip
     rules = [algorithm.worker(1, problem.d, torch.float64) for _ in range(workers)]
@@ -285,7 +293,8 @@ def serve_as_the_simulator(name: str, workers: int, servers: int, steps: int) ->
         pieces = [None] * servers if message is None else [message[lo:hi] for lo, hi in bounds]
         expected = LOCAL if message is None else APPLIED
         for shard, piece in zip(shards, pieces):
-            assert shard.push(i, seq[i], None if piece is None else piece.numpy(), loss) == expected
+            push = Push(i, seq[i], None if piece is None else piece.numpy(), loss)
+            assert shard.push(push) == expected
         return message is not None
 
     state = {}
@@ -324,6 +333,82 @@ def test_every_algorithm_on_the_servers_is_the_simulator(name):
 
 # -- real runs on a local Ray -------------------------------------------------------------
 requires_ray = pytest.mark.skipif(ray is None, reason="needs Ray: pip install 'ray>=2.9'")
+
+
+class InProcessLink:
+    """A worker's link to an in-process head (no Ray): the same calls and replies as
+    :class:`dana.ps.link.ServerLink` with one shard."""
+
+    def __init__(self, head: HeadServer):
+        self.head = head
+
+    def pull(self, join: bool = False):
+        from dana.ps.link import Reply
+
+        r = self.head.relay_pull(0, join)
+        params = None if r.params is None else torch.from_numpy(r.params)
+        return Reply(r.status, r.status is STOP, params, r.lr, r.last_seq, r.joins)
+
+    def push(self, push: Push):
+        from dana.ps.link import Reply
+
+        r = self.head.relay_push([push])
+        return Reply(r.status, r.status is STOP, lr=r.lr)
+
+    def exchange(self, push: Push):
+        from dana.ps.link import Reply
+
+        r = self.head.relay_exchange([push])
+        params = None if r.params is None else torch.from_numpy(r.params)
+        return Reply(r.status, r.status is STOP, params, r.lr)
+
+
+@requires_ray
+@pytest.mark.parametrize("name", ["local-sgd", "local-dn"])
+def test_a_ray_worker_takes_each_local_step_at_the_simulators_rate(name, monkeypatch):
+    """Under a warm-up and two decays in the middle of local cycles (H = 3), the Ray
+    worker (dana.ps.worker.Worker, with the head in this process) gives its rule the
+    rate of every step the simulator gives it: the pulled rate for a cycle's first step,
+    then the head's answer to each local step (one worker: the same step counts)."""
+    import dana.ps.worker as worker_module
+    from dana.sim.runner import SimRun
+
+    config = tiny(
+        algorithm=name, workers=1, epochs=1.0, warmup_epochs=0.2, lr_decay_epochs=[0.41, 0.7],
+        algorithm_params={"local_steps": 3}, eval_every=1.0,
+    )  # fmt: skip
+    seen: dict[str, list[float]] = {"sim": [], "ray": []}
+
+    def recording(key: str, rule: Any) -> None:
+        set_lr = rule.set_lr
+
+        def record(lr: float) -> None:
+            seen[key].append(lr)
+            set_lr(lr)
+
+        rule.set_lr = record
+
+    sim_config = TrainConfig(**{**config.to_dict(), "backend": "sim"})
+    run = RunDir(Path(os.environ.get("TMPDIR", "/tmp")) / f"inner-rate-{os.getpid()}-{name}")
+    sim = SimRun(sim_config, run, Problem(sim_config))
+    recording("sim", sim.sim.workers)
+    sim.sim.run(epochs=1.0)
+
+    problem = Problem(config)
+    end = round(config.epochs * problem.dataset.train_size // config.batch_size)
+    head = make_server(
+        config, d=problem.flat.d, batches_per_epoch=problem.dataset.train_size // config.batch_size,
+        end=end,
+    )  # fmt: skip
+    head.master.theta.copy_(problem.initial_params())
+    monkeypatch.setattr(worker_module, "ServerLink", lambda *args: InProcessLink(head))
+    worker = worker_module.Worker(config.to_dict(), 0, ["head"], problem.flat.d)
+    recording("ray", worker.rule)
+    worker.run()
+    # (one step more: computed, pushed and answered "stop" at the end)
+    assert head.steps == end == len(seen["ray"]) - 1 and len(seen["sim"]) >= end
+    assert len(set(seen["sim"][:end])) == 3  # the peak rate and the two decays
+    assert seen["ray"][:end] == seen["sim"][:end]
 
 
 @pytest.fixture(scope="module")

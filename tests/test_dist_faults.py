@@ -26,9 +26,11 @@ import torch
 from test_dist import run_on_ray, tiny
 
 from dana.errors import DanaError, FaultError
+from dana.ps.head import HeadServer
 from dana.ps.log import LogMerger, ShardLog
-from dana.ps.recovery import RelayLog, recovery_state
-from dana.ps.server import APPLIED, DUPLICATE, NOT_HEAD, PARAMS, WAIT, ShardServer
+from dana.ps.protocol import Entry, Method, Pull, Push, Status
+from dana.ps.recovery import RelayLog
+from dana.ps.shard import ShardServer
 from dana.train.progress import Progress
 from dana.train.rundir import RunDir
 
@@ -36,6 +38,9 @@ try:
     import ray
 except ImportError:  # the units still run
     ray = None
+
+APPLIED, DUPLICATE, NOT_HEAD = Status.APPLIED, Status.DUPLICATE, Status.NOT_HEAD
+PARAMS, WAIT = Status.PARAMS, Status.WAIT
 
 needs_ray = pytest.mark.skipif(ray is None, reason="needs Ray: pip install 'ray>=2.9'")
 
@@ -56,7 +61,9 @@ def test_the_relay_log_keeps_calls_until_every_shard_has_a_snapshot():
     log = RelayLog(shards=3)  # receivers: the standby (0), shards 1 and 2
     for n in range(1, 6):
         piece = np.full(4, n, np.float32)
-        log.append("push", [(0, n, piece), (0, n, piece, 0.0, None), (0, n, piece[:2], 0.0, None)])
+        log.add(
+            Method.PUSH, [Push(0, n, piece), Push(0, n, piece, 0.0), Push(0, n, piece[:2], 0.0)]
+        )
     assert log.bytes == 5 * (16 + 16 + 8)
     log.trim(1, 3)  # shard 2 and the standby have no snapshot yet: everything stays
     log.trim(0, 4)
@@ -69,19 +76,20 @@ def test_the_relay_log_keeps_calls_until_every_shard_has_a_snapshot():
         relayed = type("M", (), {"remote": staticmethod(lambda *a: got.append(a))})
 
     assert log.replay(Recorder(), shard=1, covered=3) == 2
-    assert [a[0] for a in got] == [4, 5] and [a[1] for a in got] == ["push", "push"]
-    assert [a[3] for a in got] == [4, 5] and len(got[0][4]) == 4  # shard 1's slices
+    calls = [a[0] for a in got]
+    assert [c.number for c in calls] == [4, 5] and [c.method for c in calls] == ["push", "push"]
+    assert [c.arg.seq for c in calls] == [4, 5] and len(calls[0].arg.message) == 4  # shard 1's
     with pytest.raises(RuntimeError, match="gone"):
         log.replay(Recorder(), shard=2, covered=1)  # trimmed: cannot be rebuilt from there
     assert log.peak == 5 and log.peak_bytes == 5 * 40
     # A standby's copy: the head's entries by number, a repeat logged once, a gap refused
     copy = RelayLog(shards=3)
-    for number, method, args in log.calls:
-        copy.append(method, args, number)
-    copy.append("push", log.calls[-1][2], 5)
+    for entry in log.calls:
+        copy.append(entry)
+    copy.append(log.calls[-1])
     assert [n for n, *_ in copy.calls] == [3, 4, 5] and copy.count == 5
     with pytest.raises(RuntimeError, match="missing"):
-        copy.append("pull", [(0, False)] * 3, 7)
+        copy.append(Entry(7, Method.PULL, [Pull(0, False)] * 3))
 
 
 def test_a_rebuilt_shard_is_the_lost_one():
@@ -92,7 +100,8 @@ def test_a_rebuilt_shard_is_the_lost_one():
     options = dict(d=d, batches_per_epoch=100, end=40, evals=[], checkpoints=[])
 
     def shard(s: int, **kw: Any) -> ShardServer:
-        return ShardServer(config.to_dict(), s, np.zeros(half, np.float32), **options, **kw)
+        server = HeadServer if s == 0 else ShardServer
+        return server(config.to_dict(), s, np.zeros(half, np.float32), **options, **kw)
 
     lost, twin = shard(1), shard(1)
     head = shard(0, peers=["shard1"])
@@ -114,12 +123,12 @@ def test_a_rebuilt_shard_is_the_lost_one():
         for seq in seqs:
             for w in (0, 1):
                 g = rng.standard_normal(d).astype(np.float32)
-                head.relay_exchange(w, seq, g[:half], 1.0, None, None, [g[half:]], [None])
+                head.relay_exchange([Push(w, seq, g[:half], 1.0), Push(w, seq, g[half:])])
 
     head.relay_pull(0, True)
     head.relay_pull(1, True)
     steps(range(1, 6))
-    saved = recovery_state(lost)
+    saved = lost.recovery_state()
     head.trim(1, saved["calls"])
     steps(range(6, 11))  # applied by the shard about to be lost, and logged
     rebuilt = shard(1, recovered=saved)
@@ -143,7 +152,8 @@ def test_a_promoted_standby_is_its_head_and_takes_resent_pushes_once():
     options = dict(d=d, batches_per_epoch=100, end=60, evals=[], checkpoints=[])
 
     def shard(s: int, **kw: Any) -> ShardServer:
-        return ShardServer(config.to_dict(), s, np.zeros(half, np.float32), **options, **kw)
+        server = HeadServer if s == 0 else ShardServer
+        return server(config.to_dict(), s, np.zeros(half, np.float32), **options, **kw)
 
     head, one = shard(0, peers=["shard1"], replicated=True), shard(1)
     standby = shard(0, peers=["shard1"], standby=True)
@@ -158,7 +168,7 @@ def test_a_promoted_standby_is_its_head_and_takes_resent_pushes_once():
 
     def step(server: ShardServer, w: int, seq: int) -> tuple:
         g = grads[(w, seq)]
-        return server.relay_exchange(w, seq, g[:half], 1.0, None, None, [g[half:]], [None])
+        return server.relay_exchange([Push(w, seq, g[:half], 1.0), Push(w, seq, g[half:])])
 
     for w in (0, 1):
         head.relay_pull(w, True)
@@ -169,7 +179,7 @@ def test_a_promoted_standby_is_its_head_and_takes_resent_pushes_once():
     np.testing.assert_array_equal(standby.master.theta.numpy(), head.master.theta.numpy())
     np.testing.assert_array_equal(standby.master.sent.numpy(), head.master.sent.numpy())
     assert standby.counters()["applied"] == head.counters()["applied"] == [8, 8]
-    assert standby.relay.log.count == head.relay.log.count == one.calls
+    assert standby.relay.log.count == head.relay.log.count == one.counts.calls
     # The head is lost after push (1, 8) reached its standby, before its reply: the worker
     # sends it again to the promoted standby, which relays its log to shard 1 first.
     assert standby.promote([Direct(one)]) == len(standby.relay.log.calls)
@@ -184,25 +194,31 @@ def test_a_promoted_standby_is_its_head_and_takes_resent_pushes_once():
         assert counters["call_gaps"] == 0
 
 
+def head_server(bound: int, workers: int, **kw: Any) -> HeadServer:
+    """Shard 0 of a ``dana-slim`` run of 4 parameters with ``--max-staleness bound``."""
+    config = tiny(algorithm="dana-slim", workers=workers, max_staleness=bound).to_dict()
+    options = dict(d=4, batches_per_epoch=100, end=60, evals=[], checkpoints=[])
+    return HeadServer(config, 0, np.zeros(4, np.float32), **options, **kw)
+
+
+def pair(bound: int, workers: int) -> tuple[HeadServer, HeadServer]:
+    """A head and its standby, attached."""
+    head = head_server(bound, workers, replicated=True)
+    standby = head_server(bound, workers, standby=True)
+    head.begin(0.0)
+    standby.begin(0.0)
+    head.attach_standby(Direct(standby))
+    return head, standby
+
+
 def test_a_promoted_standby_keeps_the_workers_waiting_for_the_staleness_bound():
     """Bounded staleness: the workers the head's gate refused (waiting in line to start,
     or with a held push) are the standby's too, so that once promoted it lets them go in
     the head's order and times their waits from their first refusal."""
-
-    def pair(bound: int, workers: int) -> tuple[ShardServer, ShardServer]:
-        config = tiny(algorithm="dana-slim", workers=workers, max_staleness=bound).to_dict()
-        options = dict(d=4, batches_per_epoch=100, end=60, evals=[], checkpoints=[])
-        head = ShardServer(config, 0, np.zeros(4, np.float32), **options, replicated=True)
-        standby = ShardServer(config, 0, np.zeros(4, np.float32), **options, standby=True)
-        head.begin(0.0)
-        standby.begin(0.0)
-        head.attach_standby(Direct(standby))
-        return head, standby
-
     g = np.ones(4, np.float32)
 
-    def exchange(server: ShardServer, w: int, seq: int) -> tuple:
-        return server.relay_exchange(w, seq, g, 1.0, None, None, [], [])
+    def exchange(server: HeadServer, w: int, seq: int) -> tuple:
+        return server.relay_exchange([Push(w, seq, g, 1.0)])
 
     # The line to start, s = 0: worker 0 computes, 1 and 2 wait (in that order); 0 pushes
     # and must wait behind them; then the head is lost.
@@ -235,12 +251,27 @@ def test_a_promoted_standby_keeps_the_workers_waiting_for_the_staleness_bound():
     assert counters["applied"] == counters["last_seq"] == [1, 2]
 
 
+def test_a_rebuilt_standby_counts_the_waits_once():
+    """A standby rebuilt from its snapshot has its waits for the staleness bound once
+    (its gate's, and those before a resume apart). Before, a rebuilt standby counted the
+    gate's waits twice: the snapshot's totals again, on top of its gate's."""
+    head, standby = pair(bound=0, workers=3)
+    assert [head.relay_pull(w, True)[0] for w in (0, 1, 2)] == [PARAMS, WAIT, WAIT]
+    time.sleep(0.01)
+    assert head.relay_exchange([Push(0, 1, np.ones(4, np.float32), 1.0)])[0] == APPLIED
+    assert head.relay_pull(1)[0] == PARAMS  # worker 1 waited: the standby counts it too
+    rebuilt = head_server(0, 3, standby=True, recovered=standby.recovery_state())
+    for key in ("waits", "wait_time", "held_starts", "held_pushes", "applied", "calls"):
+        assert rebuilt.counters()[key] == standby.counters()[key], key
+    assert standby.counters()["waits"] == 1
+
+
 def test_without_a_standby_the_log_holds_the_other_shards_parts_only():
     """``--no-standby``: the head copies no part of its own into its log, which the other
     shards' snapshots alone trim; with one shard there is no log at all."""
     config = tiny(algorithm="dana-slim", workers=2, servers=2, standby=False)
     options = dict(d=8, batches_per_epoch=100, end=60, evals=[], checkpoints=[])
-    head = ShardServer(config.to_dict(), 0, np.zeros(4, np.float32), **options, peers=["s1"])
+    head = HeadServer(config.to_dict(), 0, np.zeros(4, np.float32), **options, peers=["s1"])
     one = ShardServer(config.to_dict(), 1, np.zeros(4, np.float32), **options)
     head.relay.names = []  # (no Ray: the handles are set by hand)
     head.begin(0.0)
@@ -248,16 +279,16 @@ def test_without_a_standby_the_log_holds_the_other_shards_parts_only():
     head.relay_pull(0, True)
     g = np.ones(8, np.float32)
     for seq in (1, 2, 3):
-        assert head.relay_exchange(0, seq, g[:4], 1.0, None, None, [g[4:]], [None])[0] == APPLIED
+        assert head.relay_exchange([Push(0, seq, g[:4], 1.0), Push(0, seq, g[4:])])[0] == APPLIED
     log = head.relay.log
     assert [method for _, method, _ in log.calls] == ["pull"] + ["push", "pull"] * 3
-    assert all(args[0] == () for _, method, args in log.calls if method == "push")
+    assert all(args[0] is None for _, method, args in log.calls if method == "push")
     assert log.bytes == 3 * 16  # shard 1's slices only
-    head.trim(1, one.calls)  # shard 1's snapshot covers everything: nothing is kept
+    head.trim(1, one.counts.calls)  # shard 1's snapshot covers everything: nothing is kept
     assert not log.calls and log.bytes == 0
     assert one.counters()["applied"] == head.counters()["applied"] == [3, 0]
     alone = tiny(algorithm="dana-slim", workers=2, servers=1, standby=False).to_dict()
-    only = ShardServer(alone, 0, np.zeros(8, np.float32), **options)
+    only = HeadServer(alone, 0, np.zeros(8, np.float32), **options)
     assert only.relay.log is None
 
 
@@ -324,7 +355,7 @@ class Faults(Progress):
             self.sockets = listening(processes)
             for pid in processes:
                 name = command(pid)
-                if name.startswith(("ray::ShardServer", "ray::Worker")):
+                if name.startswith(("ray::ShardServer", "ray::HeadServer", "ray::Worker")):
                     self.actor_nice[f"{name.split()[0]} {pid}"] = os.getpriority(
                         os.PRIO_PROCESS, pid
                     )
@@ -333,19 +364,19 @@ class Faults(Progress):
             if (
                 kind in ("shard", "standby", "both")
                 and index == "0"
-                and self.runner.standby is None
+                and self.runner.shards.standby is None
             ):
                 break  # a head (or standby) lost again only once a new standby is in place
             at, what = self.actions.pop(0)
             if kind == "worker":
                 ray.kill(self.runner.workers[int(index)], no_restart=False)
             elif kind == "standby":
-                ray.kill(self.runner.standby, no_restart=True)
+                ray.kill(self.runner.shards.standby, no_restart=True)
             elif kind == "both":  # shard 0 and its standby at once
-                ray.kill(self.runner.standby, no_restart=True)
-                ray.kill(self.runner.servers[0], no_restart=True)
+                ray.kill(self.runner.shards.standby, no_restart=True)
+                ray.kill(self.runner.shards.servers[0], no_restart=True)
             else:
-                ray.kill(self.runner.servers[int(index)], no_restart=True)
+                ray.kill(self.runner.shards.servers[int(index)], no_restart=True)
             self.done.append((steps, what))
             if what == "shard:0":
                 break  # (the driver notices, and starts a new standby, before the next)
@@ -429,15 +460,16 @@ def check_shard_0_survived(runner: Any, faults: Faults) -> None:
     time its standby promoted; printed: the figures of docs/DISTRIBUTED.md."""
     kills = [(at, what) for at, what in faults.done if what == "shard:0"][:2]
     assert len(kills) == 2 and kills[1][0] < runner.end - 10, faults.done  # mid-run
-    assert len(runner.promotions) >= 2 and runner.standbys_rebuilt
-    assert all(p["seconds"] < 30 for p in runner.promotions)
+    promotions, standbys_rebuilt = runner.shards.spare.promotions, runner.shards.spare.rebuilt
+    assert len(promotions) >= 2 and standbys_rebuilt
+    assert all(p["seconds"] < 30 for p in promotions)
     log = runner.merger.log.numpy()
     print(
         json.dumps(
             {
                 "longest_pause": float(np.diff(log["sim_time"]).max()),
-                "promotions": runner.promotions,
-                "standbys_rebuilt": runner.standbys_rebuilt,
+                "promotions": promotions,
+                "standbys_rebuilt": standbys_rebuilt,
             }
         )
     )
@@ -472,7 +504,7 @@ def test_shard_0_lost_twice_survived_then_with_its_standby_a_fault_resumed_exact
     faults = made["faults"]
     assert [what for _, what in faults.done] == ["shard:0", "shard:0", "both:0"], faults.done
     check_shard_0_survived(faults.runner, faults)
-    assert len(faults.runner.promotions) == 2  # (the third loss: not survived)
+    assert len(faults.runner.shards.spare.promotions) == 2  # (the third loss: not survived)
     run = RunDir(out)
     saved = run.load_checkpoint()
     assert saved is not None and 32 <= saved["servers"][0]["steps"] <= faults.done[-1][0]
@@ -505,7 +537,7 @@ def test_without_a_standby_a_run_completes_exactly_listening_on_loopback_only(da
     dist = check_every_shard(runner, steps=3 * 32)
     assert dist["with_standby"] is False and dist["standby"] is None
     assert "standby" not in dist["placement"] and len(dist["placement"]) == 3 + 2
-    assert dist["promotions"] == dist["standbys_rebuilt"] == [] and runner.standbys == 0
+    assert dist["promotions"] == dist["standbys_rebuilt"] == [] and runner.shards.spare.built == 0
     assert "standby_lost" in dist and dist["standby_lost"] == 0
 
 
@@ -521,11 +553,11 @@ def test_without_a_standby_the_loss_of_shard_0_exits_4_then_resumes_exactly(
 
     poll, killed = RayRun._poll, []
 
-    def poll_then_kill(self: Any, ray_: Any, servers: list[Any]) -> None:
-        poll(self, ray_, servers)
+    def poll_then_kill(self: Any) -> None:
+        poll(self)
         if not killed and self.steps >= 48:  # (past the first checkpoint, at 32)
             killed.append(self.steps)
-            ray.kill(self.servers[0], no_restart=True)
+            ray.kill(self.shards.servers[0], no_restart=True)
 
     monkeypatch.setattr(RayRun, "_poll", poll_then_kill)
     out = tmp_path / "run"
@@ -568,7 +600,8 @@ def test_bounded_staleness_across_a_promotion(dana_ray, tmp_path):
     and keeps the bound; the run completes, every push applied once."""
     config = tiny(algorithm="dana-slim", workers=3, servers=1, max_staleness=0, time_scale=0.001)
     runner, faults = run_with_faults(config, tmp_path / "run", [(15, "shard:0")])
-    assert [what for _, what in faults.done] == ["shard:0"] and len(runner.promotions) == 1
+    assert [what for _, what in faults.done] == ["shard:0"]
+    assert len(runner.shards.spare.promotions) == 1
     dist = check_every_shard(runner, steps=3 * 32, resent=True)
     assert int(runner.merger.log.numpy()["staleness"].max()) == 0
     head = dist["shards"][0]
@@ -581,9 +614,9 @@ def test_bounded_staleness_across_a_promotion(dana_ray, tmp_path):
 
 def wait_dead(runner: Any, name: str, timeout: float = 60.0) -> None:
     """Return once the run's killed server ``name`` no longer answers, by the driver's own
-    test (:meth:`RayRun._alive`), within ``timeout`` s."""
+    test (:meth:`ShardGroup.alive`), within ``timeout`` s."""
     deadline = time.time() + timeout
-    while runner._alive(ray, name):
+    while runner.shards.alive(name):
         assert time.time() < deadline, f"the killed {name} still answers after {timeout:g} s"
         time.sleep(0.05)
 
@@ -602,14 +635,14 @@ def kill_shard_0_at_start(monkeypatch: Any, when: str, shard: int = 0) -> list[s
         runs: list[Any] = []
         start_actors, worker_gpus = RayRun._start_actors, launcher.worker_gpus
 
-        def start_noted(self: Any, ray_: Any) -> Any:
+        def start_noted(self: Any) -> Any:
             runs.append(self)
-            return start_actors(self, ray_)
+            return start_actors(self)
 
         def kill_then_gpus(*args: Any) -> Any:
             if not done:
                 done.append(when)
-                ray.kill(runs[-1].servers[0], no_restart=True)
+                ray.kill(runs[-1].shards.servers[0], no_restart=True)
             return worker_gpus(*args)
 
         monkeypatch.setattr(RayRun, "_start_actors", start_noted)
@@ -617,10 +650,10 @@ def kill_shard_0_at_start(monkeypatch: Any, when: str, shard: int = 0) -> list[s
     else:
         start_actors = RayRun._start_actors
 
-        def start_then_kill(self: Any, ray_: Any) -> Any:
-            actors = start_actors(self, ray_)
+        def start_then_kill(self: Any) -> Any:
+            actors = start_actors(self)
             done.append(when)
-            ray.kill(self.servers[shard], no_restart=True)
+            ray.kill(self.shards.servers[shard], no_restart=True)
             wait_dead(self, f"shard{shard}")  # (ray.kill returns before the actor is gone)
             return actors
 
@@ -640,7 +673,8 @@ def test_shard_0_lost_as_the_run_starts_its_standby_takes_over(
     config = tiny(algorithm="dana-slim", workers=3, servers=servers, time_scale=0.001)
     runner = run_on_ray(config, tmp_path / "run")
     assert done == [when]
-    assert len(runner.promotions) == 1 and runner.promotions[0]["steps"] == 0
+    promotions = runner.shards.spare.promotions
+    assert len(promotions) == 1 and promotions[0]["steps"] == 0
     dist = check_every_shard(runner, steps=3 * 32, resent=True)
     assert dist["shards"][0]["role"] == "head"
     print(json.dumps({k: dist[k] for k in ("promotions", "standbys_rebuilt", "placement")}))

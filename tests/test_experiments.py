@@ -19,7 +19,7 @@ from conftest import fake_run
 from dana.cli import build_parser
 from dana.errors import ConfigError
 from dana.experiments.cli import sweep_spec
-from dana.experiments.grid import SweepSpec, cell_name, expand
+from dana.experiments.grid import Cell, SweepSpec, cell_name, expand
 from dana.experiments.presets import load_preset, preset_names
 from dana.experiments.report import build_report
 from dana.experiments.results import load_results
@@ -206,6 +206,9 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
         assert c.config().to_dict() == {**twin, "algorithm_params": {"local_steps": 5}}
     fixed = {k: v for k, v in load_preset("fashion-long").fixed.items() if k != "description"}
     assert {k: load_preset("fashion-beyond").fixed.get(k) for k in fixed} == fixed
+    # the third-seed rule in every multi-seed study
+    for name in ("fashion-long", "fashion-beyond", "fashion-dylu", "fashion-k64"):
+        assert load_preset(name).more_seeds == {"above_spread": 2, "seeds": [2]}, name
     k64 = expand(load_preset("fashion-k64"))
     assert len(k64) == 16 and {c.workers for c in k64} == {1, 64}
     config = k64[0].config()
@@ -289,7 +292,13 @@ def test_sweep_runs_every_cell_and_report_tabulates_and_plots_them(swept):
     assert any(r.startswith("baseline k=1: dana-slim") and v[0].strip() for r, v in rows.items())
     import matplotlib.image
 
-    pngs = ["error_curves", "error_vs_workers", "gap_vs_workers", "speedup_vs_workers"]
+    pngs = ["error_curves", "error_vs_workers", "gap_vs_workers"]
+    # the speed-up plot only where some cell has a speed-up (or a bound) to draw
+    report = (copy / "report.md").read_text()
+    if "no speed-up plot" in report:
+        assert not (copy / "speedup_vs_workers.png").exists()
+    else:
+        pngs.append("speedup_vs_workers")
     for name in pngs:
         path = copy / f"{name}.png"
         assert path.read_bytes()[:8] == PNG_SIGNATURE
@@ -340,6 +349,34 @@ def test_a_sweep_reuses_finished_runs_of_the_same_settings(swept, tmp_path):
                str(tmp_path / "fourth"), "--reuse", str(tmp_path / "none"), check=False)  # fmt: skip
     assert bad.returncode == 2 and "--reuse" in bad.stderr and "no such directory" in bad.stderr
     assert not (tmp_path / "fourth").exists()
+
+
+def test_a_run_made_with_other_defaults_is_neither_reused_nor_taken_as_finished(swept, tmp_path):
+    """summary.json records the hyper-parameters the algorithm ran with, defaults
+    included: a run whose record differs from what its settings give now (a default
+    changed since) is not copied by --reuse, and a sweep resumed on it refuses it."""
+    from dana.experiments.layout import SweepDir, hparams_differ
+    from dana.experiments.reuse import ReusableRuns
+    from dana.train.rundir import RunDir
+
+    old = tmp_path / "old"
+    shutil.copytree(swept / "runs" / "dana-slim_k2_s0", old / "runs" / "dana-slim_k2_s0")
+    run = RunDir(old / "runs" / "dana-slim_k2_s0")
+    options = {k: v for k, v in run.read_config().items() if k != "dana_version"}
+    summary = run.read_summary()
+    assert summary["algorithm_hparams"] == {"momentum": options["momentum"]}
+    assert hparams_differ(run, options) == ""
+    assert ReusableRuns([old]).find(options) == run.path
+    summary["algorithm_hparams"] = {"momentum": 0.5}  # as if the default had been 0.5
+    run.summary.write_text(json.dumps(summary))
+    assert "momentum: 0.5 there, 0.9 now" in hparams_differ(run, options)
+    assert ReusableRuns([old]).find(options) is None
+    cell = Cell("dana-slim_k2_s0", options)
+    with pytest.raises(ConfigError, match="other hyper-parameters.*a default changed"):
+        SweepDir(old).check_matches(cell, options)
+    del summary["algorithm_hparams"]  # a record older than the field: taken as it is
+    run.summary.write_text(json.dumps(summary))
+    assert ReusableRuns([old]).find(options) == run.path
 
 
 def test_a_failing_run_does_not_stop_the_others(tmp_path):

@@ -90,6 +90,16 @@ def test_the_simulator_and_the_ray_runtime_never_import_each_other():
     assert "sim" not in layer_imports("ps")
 
 
+def test_the_ray_workers_speak_the_protocol_not_the_servers():
+    """dana.ps's worker side (the worker and its link to the servers) imports the protocol
+    (dana.ps.protocol), never the servers' modules."""
+    servers = {"dana.ps.shard", "dana.ps.head", "dana.ps.relay", "dana.ps.recovery"}
+    for side in ("dana.ps.worker", "dana.ps.link"):
+        assert "dana.ps.protocol" in GRAPH[side], side
+        assert not GRAPH[side] & servers, (side, GRAPH[side] & servers)
+    assert not GRAPH["dana.ps.protocol"] & servers
+
+
 def test_the_floor_imports_no_runner():
     """The floor names its runners in its registry (by string) and never imports them."""
     assert not layer_imports("train") & (RUNNERS | {"experiments", "cli", "api", "fitting"})

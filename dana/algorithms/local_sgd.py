@@ -5,8 +5,8 @@ Training for Language Modeling" (2024); DiLoCo: Douillard et al., "DiLoCo: Distr
 Low-Communication Training of Language Models" (2023). Each worker starts a cycle from
 the parameters ``p`` it pulled, takes ``H = local_steps`` steps of its inner optimizer on
 its own copy ``x_i`` and pushes the outer gradient ``Delta = p - x_i``; the master
-applies it with an outer optimizer at its own constant rate ``outer_lr`` (the runner's
-scheduled ``lr`` is the inner rate).
+applies it with an outer optimizer at its own constant rate (the runner's scheduled
+``lr`` is the inner rate).
 
 Inner optimizers (the worker's state persists across cycles, as in DiLoCo):
 ``inner="sgd"``: ``u_i = m_in*u_i + g; x_i -= lr*u_i`` (``torch.optim.SGD``; plain SGD
@@ -18,27 +18,32 @@ the gradient, as for every rule.
 Outer optimizers (one registry name each). ``momentum`` is the method's momentum: the
 inner one for ``local-sgd``, which has no outer momentum; the outer ``mu`` for the others,
 whose inner momentum ``inner_momentum`` defaults to 0 (the momentum is the master's, as
-in DANA; both at 0.9 compound and diverge).
+in DANA; both at 0.9 compound and diverge). Each outer gradient is applied at the rate
+``outer_lr * w`` (:func:`outer_rate`; ``w = outer_weight``, by default ``sqrt(k)/k``,
+the asynchronous Local-SGD notebook's ``sync_weight``); the defaults are the reference
+codes' (docs/ALGORITHMS.md gives each source):
 
-- ``local-sgd``: ``theta -= outer_lr*Delta``. With one worker and ``outer_lr = 1`` the
-  master follows the worker: it is the inner optimizer run alone, for any ``H``; with
-  ``H = 1`` it is ``multi-asgd`` (the momenta in the workers).
+- ``local-sgd``: ``theta -= outer_lr*w*Delta``; ``outer_lr = 0.7`` (the notebook's outer
+  SGD). With one worker (``w = 1``) and ``outer_lr = 1`` the master follows the worker:
+  it is the inner optimizer run alone, for any ``H``; with ``H = 1``, ``outer_lr = 1``
+  and ``outer_weight = 1`` it is ``multi-asgd`` (the momenta in the workers).
 - ``local-nesterov``: DiLoCo's outer Nesterov, ``v = mu*v + Delta;
-  theta -= outer_lr*(Delta + mu*v)`` (``torch.optim.SGD(nesterov=True)``), with
-  DiLoCo's ``outer_lr = 0.7`` (the other rules: 1); with ``H = 1``, plain inner SGD and
-  ``outer_lr = 1`` its pulls are ``nag-asgd``'s.
+  theta -= outer_lr*w*(Delta + mu*v)`` (``torch.optim.SGD(nesterov=True)`` on
+  ``w*Delta``), ``outer_lr = 0.07`` (the notebook's asynchronous rate); with ``H = 1``,
+  plain inner SGD, ``outer_lr = 1``, ``outer_weight = 1`` and a constant rate its pulls
+  are ``nag-asgd``'s.
 - ``local-dn``: Delayed Nesterov (the paper's; the reference implementation is
   utnslab/halos, ``src/halos/opt.py``): the outer momentum is updated only every ``N``
   pushes, ``v = mu*v + (sum of those N Deltas)/N``, and each push applies
-  ``outer_lr*(c*mu*v + Delta/N)`` (at the ``N``-th: ``outer_lr*((1 - c*N + c)*mu*v +
-  Delta/N)``, after the update). ``N = period`` defaults to ``k``; ``N = 1`` is
-  ``local-nesterov``.
+  ``eta*(c*mu*v + Delta/N)`` (at the ``N``-th: ``eta*((1 - c*N + c)*mu*v + Delta/N)``,
+  after the update); ``eta = 0.05*N`` (halos' example, no weight). ``N = period``
+  defaults to ``k``; ``N = 1`` is ``local-nesterov``.
 - ``dana-local``: DANA on the outer step (derivation in docs/ALGORITHMS.md): a momentum
-  ``v_j`` per worker, ``v_i = mu*v_i + Delta; theta -= outer_lr*v_i``, and a pull sends
-  ``theta - outer_lr*mu*sum_j v_j``, where the outer momenta will have taken the master
-  when the worker's outer gradient lands. With ``H = 1``, plain inner SGD,
-  ``outer_lr = 1`` and a constant ``lr`` it is ``dana-zero`` (the outer gradient is
-  ``lr*g``).
+  ``v_j`` per worker, ``v_i = mu*v_i + Delta; theta -= eta*v_i``, and a pull sends
+  ``theta - eta*mu*sum_j v_j``, where the outer momenta will have taken the master when
+  the worker's outer gradient lands; ``local-nesterov``'s rate. With ``H = 1``, plain
+  inner SGD, ``outer_lr = 1``, ``outer_weight = 1`` and a constant ``lr`` it is
+  ``dana-zero`` (the outer gradient is ``lr*g``).
 
 Dynamic Local Updates (the paper's DyLU; ``dynamic_steps=True``, on every outer rule):
 worker ``i`` takes ``H_i = max(1, floor(H*s_i))`` local steps per push, where ``s_i``
@@ -55,7 +60,7 @@ and the Ray workers count and time like any computation.
 Example::
 
     >>> import torch, dana.algorithms as A
-    >>> algo = A.build("local-sgd", momentum=0.0, local_steps=2)
+    >>> algo = A.build("local-sgd", momentum=0.0, local_steps=2, outer_lr=1.0)
     >>> master, workers = algo.master(torch.zeros(1), 1), algo.worker(1, 1)
     >>> pulled = master.pull(0, 0.1, torch.empty(1))
     >>> workers.set_lr(0.1)
@@ -91,6 +96,9 @@ from dana.algorithms.functional import (
     momentum_update,
     nesterov_pull,
 )
+
+#: Delayed Nesterov's rate per push on ``Delta`` (halos' ``GLR``): ``outer_lr = 0.05*N``.
+DN_RATE_PER_PUSH = 0.05
 
 INNER = ("sgd", "adamw")
 
@@ -185,26 +193,39 @@ class LocalWorkers(WorkerRule):
         x.addcdiv_(m, denom, value=-lr / (1.0 - b1**n))
 
 
+def outer_rate(outer_lr: float, weight: float | None, workers: int) -> float:
+    """The rate each outer gradient is applied at: ``outer_lr * w``, ``w`` the outer
+    gradient's weight (``None``: ``sqrt(k)/k``, the asynchronous Local-SGD notebook's
+    ``sync_weight``, its ``constant`` method: google-deepmind/asyncdiloco,
+    ``AsyncLocalSGDToyExample.ipynb``, ``AsyncExperiment.get_sync_weight``). The notebook
+    sets ``p.grad = w*Delta`` before its outer optimizer's step; every outer step here is
+    linear in ``Delta``, so the weight folds into the rate."""
+    return outer_lr * (math.sqrt(workers) / workers if weight is None else weight)
+
+
 class OuterSgdMaster(MasterRule):
     """Asynchronous Local-SGD's plain outer step (Liu et al. 2024): each outer gradient
-    at the master's own rate, ``theta -= outer_lr*Delta``. Pulls send ``theta``."""
+    at the master's own rate, ``theta -= outer_lr*w*Delta`` (``w``: :func:`outer_rate`).
+    Pulls send ``theta``."""
 
-    def __init__(self, params: Tensor, workers: int, outer_lr: float):
+    def __init__(self, params: Tensor, workers: int, outer_lr: float, weight: float | None):
         super().__init__(params, workers)
-        self.outer_lr = outer_lr
+        self.rate = outer_rate(outer_lr, weight, workers)
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
-        self.theta.add_(message, alpha=-self.outer_lr)
+        self.theta.add_(message, alpha=-self.rate)
         return True
 
 
 class DelayedNesterovMaster(MasterRule):
-    """Delayed Nesterov over outer gradients (Liu et al. 2024; utnslab/halos): the outer
-    momentum is updated every ``N = period`` pushes, ``v = mu*v + (sum of their
-    Deltas)/N`` (:func:`~dana.algorithms.functional.momentum_update`), and each push
-    applies ``theta -= outer_lr*(c*mu*v + Delta/N)`` (the ``N``-th:
-    ``outer_lr*((1 - c*N + c)*mu*v + Delta/N)``). ``period = 1``: DiLoCo's outer
-    Nesterov (Douillard et al. 2023), ``v = mu*v + Delta; theta -= outer_lr*(Delta +
+    """Delayed Nesterov over outer gradients (Liu et al. 2024; utnslab/halos,
+    ``src/halos/opt.py``, ``DelayedNesterovOptimizer.step``): the outer momentum is
+    updated every ``N = period`` pushes, ``v = mu*v + (sum of their Deltas)/N``
+    (:func:`~dana.algorithms.functional.momentum_update`), and each push applies
+    ``theta -= eta*(c*mu*v + Delta/N)`` (the ``N``-th: ``eta*((1 - c*N + c)*mu*v +
+    Delta/N)``), ``eta`` the rate of :func:`outer_rate` (``outer_lr = None``: halos'
+    ``0.05*N``, see :class:`LocalDelayedNesterov`). ``period = 1``: DiLoCo's outer
+    Nesterov (Douillard et al. 2023), ``v = mu*v + Delta; theta -= eta*(Delta +
     mu*v)``. Pulls send ``theta``."""
 
     state_keys = ("theta", "v", "acc", "pushes")
@@ -213,20 +234,24 @@ class DelayedNesterovMaster(MasterRule):
         self,
         params: Tensor,
         workers: int,
-        outer_lr: float,
+        outer_lr: float | None,
         momentum: float,
         period: int | None,
         c: float,
+        weight: float | None,
     ):
         super().__init__(params, workers)
-        self.outer_lr, self.mu, self.c = outer_lr, momentum, c
+        self.mu, self.c = momentum, c
         self.period = workers if period is None else period
+        if outer_lr is None:  # halos: the rate per push times N
+            outer_lr = DN_RATE_PER_PUSH * self.period
+        self.rate = outer_rate(outer_lr, weight, workers)
         self.v = torch.zeros_like(self.theta)
         self.acc = torch.zeros_like(self.theta) if self.period > 1 else None
         self.pushes = 0
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
-        N, mu, c, eta = self.period, self.mu, self.c, self.outer_lr
+        N, mu, c, eta = self.period, self.mu, self.c, self.rate
         self.pushes += 1
         if self.acc is not None:
             self.acc.add_(message)
@@ -244,26 +269,29 @@ class DelayedNesterovMaster(MasterRule):
 class DanaLocalMaster(MasterRule):
     """DANA-Local's master: DANA-Zero's rule (Hakimi et al., arXiv 1907.11612) on the outer
     step of asynchronous Local-SGD (Liu et al. 2024). An outer momentum per worker,
-    ``v_i = mu*v_i + Delta; theta -= outer_lr*v_i``
+    ``v_i = mu*v_i + Delta; theta -= eta*v_i``
     (:func:`~dana.algorithms.functional.momentum_step`), their sum ``S`` kept current
     (:func:`~dana.algorithms.functional.momentum_sum`); a pull sends
-    ``theta - outer_lr*mu*S`` (:func:`~dana.algorithms.functional.nesterov_pull`)."""
+    ``theta - eta*mu*S`` (:func:`~dana.algorithms.functional.nesterov_pull`); ``eta``
+    the rate of :func:`outer_rate`."""
 
     state_keys = ("theta", "v", "S")
 
-    def __init__(self, params: Tensor, workers: int, outer_lr: float, momentum: float):
+    def __init__(
+        self, params: Tensor, workers: int, outer_lr: float, momentum: float, weight: float | None
+    ):
         super().__init__(params, workers)
-        self.outer_lr, self.mu = outer_lr, momentum
+        self.rate, self.mu = outer_rate(outer_lr, weight, workers), momentum
         self.v = self.per_worker_zeros()
         self.S = torch.zeros_like(self.theta)
 
     def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
-        return nesterov_pull(self.theta, self.S, self.outer_lr, self.mu, out)
+        return nesterov_pull(self.theta, self.S, self.rate, self.mu, out)
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         v = self.v[worker]
         momentum_sum(self.S, v, message, self.mu)
-        momentum_step(self.theta, v, message, self.mu, self.outer_lr)
+        momentum_step(self.theta, v, message, self.mu, self.rate)
         return True
 
 
@@ -292,7 +320,8 @@ class LocalAlgorithm(MomentumAlgorithm):
 
     local_steps: int = 10  # H
     inner: str = "sgd"  # or "adamw"
-    outer_lr: float = 1.0
+    outer_lr: float = 0.7  # the notebook's outer SGD (see LocalSgd)
+    outer_weight: float | None = None  # w on each Delta; None: sqrt(k)/k (outer_rate)
     beta1: float = 0.9  # AdamW's
     beta2: float = 0.999  # AdamW's
     eps: float = 1e-8  # AdamW's
@@ -311,15 +340,18 @@ class LocalAlgorithm(MomentumAlgorithm):
             beta2=check_decay("beta2", self.beta2),
             eps=check_positive("eps", self.eps),
             inner_decay=check_nonnegative("inner_decay", self.inner_decay),
-            outer_lr=check_positive("outer_lr", self.outer_lr),
         )
+        if self.outer_lr is not None:
+            self._set(outer_lr=check_positive("outer_lr", self.outer_lr))
+        if self.outer_weight is not None:
+            self._set(outer_weight=check_positive("outer_weight", self.outer_weight))
 
     @property
     def uses_speed(self) -> bool:  # type: ignore[override]
         return self.dynamic_steps
 
     def _master_hparams(self) -> dict[str, Any]:
-        return {"outer_lr": self.outer_lr}
+        return {"outer_lr": self.outer_lr, "weight": self.outer_weight}
 
     def _inner_momentum(self) -> float:
         """The inner SGD's momentum: ``local-sgd``'s is its ``momentum``."""
@@ -338,13 +370,18 @@ class LocalAlgorithm(MomentumAlgorithm):
 
 
 class LocalSgd(LocalAlgorithm):
-    """Asynchronous Local-SGD with the plain outer step ``theta -= outer_lr*Delta``.
+    """Asynchronous Local-SGD with the plain outer step ``theta -= outer_lr*w*Delta``.
 
-    ``momentum`` is the inner optimizer's (there is no outer momentum).
+    ``momentum`` is the inner optimizer's (there is no outer momentum). The defaults are
+    the asynchronous Local-SGD notebook's outer SGD (google-deepmind/asyncdiloco,
+    ``AsyncLocalSGDToyExample.ipynb``: ``AsyncExperiment(outer_opt_kwargs=dict(lr=0.7,
+    momentum=0.0))``, "AdamW + SGD (no momentum on the outer loop)"), with its
+    ``sync_weight`` ``w = sqrt(k)/k``: each push moves the master by ``0.7/sqrt(k)``
+    outer gradients.
     """
 
     name = "local-sgd"
-    summary = "async Local-SGD: H inner momentum-SGD steps per push, theta -= outer_lr*Delta"
+    summary = "async Local-SGD: H inner momentum-SGD steps per push, theta -= 0.7/sqrt(k)*Delta"
     master_rule = OuterSgdMaster
 
 
@@ -360,7 +397,7 @@ class OuterMomentumAlgorithm(LocalAlgorithm):
         self._set(inner_momentum=check_decay("inner_momentum", self.inner_momentum))
 
     def _master_hparams(self) -> dict[str, Any]:
-        return {"outer_lr": self.outer_lr, "momentum": self.momentum}
+        return {**super()._master_hparams(), "momentum": self.momentum}
 
     def _inner_momentum(self) -> float:
         return self.inner_momentum
@@ -368,13 +405,20 @@ class OuterMomentumAlgorithm(LocalAlgorithm):
 
 @dataclass(frozen=True, kw_only=True)
 class LocalNesterov(OuterMomentumAlgorithm):
-    """Asynchronous Local-SGD with DiLoCo's outer Nesterov momentum (``outer_lr = 0.7``)."""
+    """Asynchronous Local-SGD with DiLoCo's outer Nesterov momentum.
+
+    The defaults are the asynchronous Local-SGD notebook's (google-deepmind/asyncdiloco,
+    ``AsyncLocalSGDToyExample.ipynb``: ``AsyncExperiment(outer_opt_kwargs=dict(lr=0.07,
+    momentum=0.9))``, chosen from its asynchronous grid 0.05 to 0.2, where synchronous
+    DiLoCo takes 0.7), with its ``sync_weight`` ``w = sqrt(k)/k``: over the run each
+    outer gradient moves the master by ``0.07/(1 - 0.9)/sqrt(k) = 0.7/sqrt(k)``.
+    """
 
     name = "local-nesterov"
-    summary = "async Local-SGD with DiLoCo's outer Nesterov step (outer_lr 0.7, mu 0.9)"
+    summary = "async Local-SGD with an outer Nesterov step (outer_lr 0.07, mu 0.9, w sqrt(k)/k)"
     master_rule = DelayedNesterovMaster
 
-    outer_lr: float = 0.7  # DiLoCo's
+    outer_lr: float = 0.07  # the notebook's asynchronous rate
 
     def _master_hparams(self) -> dict[str, Any]:
         return {**super()._master_hparams(), "period": 1, "c": 0.0}
@@ -382,12 +426,23 @@ class LocalNesterov(OuterMomentumAlgorithm):
 
 @dataclass(frozen=True, kw_only=True)
 class LocalDelayedNesterov(OuterMomentumAlgorithm):
-    """Asynchronous Local-SGD with the Delayed Nesterov outer step."""
+    """Asynchronous Local-SGD with the Delayed Nesterov outer step.
+
+    The rate is halos' (utnslab/halos, ``examples/run_async_local_sgd.sh``: ``GLR=0.05``,
+    ``GBETA=0.9``, the optimizer's ``lr`` = ``GLR * GMUD`` with ``GMUD`` its ``N``):
+    ``outer_lr = None`` gives ``0.05*N``, so each push applies ``0.05*Delta`` at once and
+    over the run each outer gradient moves the master by ``0.05/(1 - 0.9) = 0.5``,
+    whatever ``N`` and ``k``. halos weighs no outer gradient (``outer_weight = 1``).
+    ``N = period`` defaults to ``k`` (the notebook's delayed outer step updates once per
+    round of ``k`` pushes; halos' example uses 32 with 16 workers).
+    """
 
     name = "local-dn"
     summary = "async Local-SGD, Delayed Nesterov outer step: momentum updated every N = k pushes"
     master_rule = DelayedNesterovMaster
 
+    outer_lr: float | None = None  # None: halos' 0.05*N
+    outer_weight: float | None = 1.0  # halos: no weight
     period: int | None = None  # N; None: k
     c: float = 0.0
 
@@ -402,9 +457,20 @@ class LocalDelayedNesterov(OuterMomentumAlgorithm):
         return {**super()._master_hparams(), "period": self.period, "c": self.c}
 
 
+@dataclass(frozen=True, kw_only=True)
 class DanaLocal(OuterMomentumAlgorithm):
-    """Asynchronous Local-SGD whose pulls see where the outer momenta take the master."""
+    """Asynchronous Local-SGD whose pulls see where the outer momenta take the master.
+
+    No paper or code gives its outer step: it takes ``local-nesterov``'s (the notebook's
+    ``lr=0.07, momentum=0.9`` with ``w = sqrt(k)/k``), the outer momentum step it adds
+    DANA's look-ahead to, so that each outer gradient moves the master as far over the
+    run (``0.7/sqrt(k)``) as under ``local-nesterov``.
+    """
 
     name = "dana-local"
-    summary = "async Local-SGD with DANA's look-ahead on the outer momentum step"
+    summary = (
+        "async Local-SGD with DANA's look-ahead on the outer momentum step (as local-nesterov's)"
+    )
     master_rule = DanaLocalMaster
+
+    outer_lr: float = 0.07  # local-nesterov's

@@ -13,10 +13,15 @@ cycle, as one averaged gradient would in synchronous SGD). A push of ``g``:
 A pull sends the estimate of the parameters ``N`` pushes ahead: the momentum part of the
 coming pushes, ``N*m*v`` now and the buffered gradients' share once the momentum is
 updated mid-way, ``theta - lr*m*((N + c*(m - 1))*v + (c/N)*b)`` (the authors' "advanced"
-estimate; ``advanced=False``: ``theta - lr*m*N*v``).
+estimate; ``advanced=False``: ``theta - lr*m*N*v``), at the rate ``lr`` of the last
+push, as the authors' ``estimate()`` reads the optimizer's rate right after its
+``step()`` (``trainer.py``: ``optimizer.step()`` then ``optimizer.estimate()``); the
+runners' pull passes the next update's rate, which differs from it only while the
+schedule moves.
 
 With ``N = 1`` (so also with one worker) ``v = m*v + g`` and ``theta -= lr*v`` on every
-push and pulls see ``theta - lr*m*v``: it is ``nag-asgd``, Nesterov SGD for one worker.
+push and pulls see ``theta - lr*m*v``: with a constant rate it is ``nag-asgd``, Nesterov
+SGD for one worker (under a schedule the two pull at the last and the next rate).
 
 Example::
 
@@ -46,11 +51,11 @@ class Smega2Master(MasterRule):
     ``b += g``, and steps ``theta -= lr*(g + m*v)``; the ``N``-th push of a cycle updates
     the one momentum, ``v = m*v + b/N``
     (:func:`~dana.algorithms.functional.momentum_update`). A pull sends the estimate
-    ``N`` pushes ahead, ``theta - lr*m*((N + c*(m-1))*v + (c/N)*b)``
+    ``N`` pushes ahead at the last push's rate, ``theta - lr*m*((N + c*(m-1))*v + (c/N)*b)``
     (:func:`~dana.algorithms.functional.nesterov_pull` that many steps ahead, plus the
     buffer's share; ``advanced=False``: ``theta - lr*m*N*v``)."""
 
-    state_keys = ("theta", "v", "b", "c")
+    state_keys = ("theta", "v", "b", "c", "last_lr")
 
     def __init__(
         self, params: Tensor, workers: int, momentum: float, cycle: int | None, advanced: bool
@@ -61,8 +66,12 @@ class Smega2Master(MasterRule):
         self.v = torch.zeros_like(self.theta)
         self.b = torch.zeros_like(self.theta)
         self.c = 0  # pushes of the current cycle so far
+        self.last_lr = 0.0  # the rate of the last push (before any: v = b = 0, unused)
 
     def pull(self, worker: int, lr: float, out: Tensor) -> Tensor:
+        # The estimate is made at the rate of the last step, as the authors' estimate()
+        # reads the optimizer's rate right after step() (rafi-cohen/SMEGA2, trainer.py).
+        lr = self.last_lr
         m, N, c = self.momentum, self.cycle, self.c
         if not self.advanced:
             return nesterov_pull(self.theta, self.v, lr, m, out, steps=N)
@@ -73,6 +82,7 @@ class Smega2Master(MasterRule):
 
     def push(self, worker: int, message: Tensor, lr: float) -> bool:
         m = self.momentum
+        self.last_lr = float(lr)
         self.b.add_(message)
         self.theta.add_(message, alpha=-lr).add_(self.v, alpha=-lr * m)
         self.c = (self.c + 1) % self.cycle

@@ -75,7 +75,9 @@ class SweepDir:
         return NEW
 
     def check_matches(self, cell: Cell, options: dict[str, Any]) -> None:
-        """ConfigError if the cell's run directory holds a run of other settings."""
+        """ConfigError if the cell's run directory holds a run of other settings, or a
+        finished run whose algorithm ran with other hyper-parameters than the same
+        options give now (a default changed since: :func:`hparams_differ`)."""
         run = self.run_dir(cell)
         if not run.holds_run():
             return
@@ -86,6 +88,14 @@ class SweepDir:
             raise ConfigError(
                 f"{run.path} holds a run with other settings ({shown}); give the sweep "
                 "another --out, or remove that run directory to redo it"
+            )
+        changed = hparams_differ(run, options)
+        if changed:
+            raise ConfigError(
+                f"{run.path} holds a run whose {options['algorithm']} ran with other "
+                f"hyper-parameters than its settings give now ({changed}: a default "
+                "changed since); give the sweep another --out, or remove that run "
+                "directory to redo it"
             )
 
     # -- records ------------------------------------------------------------------------
@@ -135,3 +145,24 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def hparams_differ(run: RunDir, options: dict[str, Any]) -> str:
+    """The hyper-parameters (``name: there, now``) a finished run's algorithm ran with
+    (``summary.json``'s ``algorithm_hparams``) that the options ``options`` no longer
+    give; empty when they agree, or when the run predates that record."""
+    if not run.finished():
+        return ""
+    try:
+        held = run.read_summary().get("algorithm_hparams")
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(held, dict):
+        return ""
+    try:
+        now = TrainConfig.from_dict(options).build_algorithm().hparams()
+    except DanaError:
+        return ""
+    now = json.loads(json.dumps(now))
+    diff = sorted(k for k in set(held) | set(now) if held.get(k) != now.get(k))
+    return ", ".join(f"{k}: {held.get(k)!r} there, {now.get(k)!r} now" for k in diff)

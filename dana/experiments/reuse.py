@@ -4,7 +4,9 @@
 ``DIR`` (another sweep's results directory, or a directory of run directories) whose
 settings equal the cell's is copied into the cell's run directory instead. Settings are
 the run's ``config.json`` with ``dana_version`` aside, an option the run predates
-counting at its default (as a sweep compares a run it finds in its own directory). Only
+counting at its default (as a sweep compares a run it finds in its own directory); a run
+whose ``summary.json`` records other hyper-parameters of its algorithm than the settings
+give now (a default changed since) is not reused (one that predates the record is). Only
 simulator runs are reused: the simulator is deterministic, so the same settings give the
 same run, and a study that shares cells with another need not compute them twice (a
 Ray run is one draw of its timings, not the run).
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dana.errors import ConfigError, DanaError
-from dana.experiments.layout import run_settings
+from dana.experiments.layout import hparams_differ, run_settings
 from dana.train.rundir import RUN_FILES, RunDir
 
 #: The suffix of the temporary folder a copy is made in.
@@ -65,8 +67,13 @@ class ReusableRuns:
         return len(self.runs)
 
     def find(self, options: dict[str, Any]) -> Path | None:
-        """The finished run of these settings, if any."""
-        return self.runs.get(settings_key(options))
+        """The finished run of these settings, if any, unless its algorithm ran with
+        other hyper-parameters than the settings give now (a default changed since:
+        :func:`~dana.experiments.layout.hparams_differ`)."""
+        path = self.runs.get(settings_key(options))
+        if path is None or hparams_differ(RunDir(path), options):
+            return None
+        return path
 
 
 def copy_run(source: Path, target: RunDir) -> None:

@@ -1,12 +1,18 @@
 """The parameter-server runtime on Ray: the same master and worker rules, driven by actors.
 
-- :mod:`dana.ps.server`: a parameter-server shard (the master rule on a slice of the
-  parameters) and the protocol the workers speak to it;
-- :mod:`dana.ps.worker`: a worker (model replica, its own data stream, a worker rule);
-- :mod:`dana.ps.link`: a worker's calls to all shards at once;
-- :mod:`dana.ps.relay`, :mod:`dana.ps.snapshots`: shard 0's relay to the other shards
-  (always with ``--servers`` > 1), a shard's snapshots for evaluations and checkpoints;
-- :mod:`dana.ps.launcher`: ``dana train --backend ray``'s driver (:class:`RayRun`);
+- :mod:`dana.ps.protocol`: what workers, servers and the driver say to each other (the
+  calls, statuses and roles; a push as one record; a relayed call and its one dispatch);
+- :mod:`dana.ps.shard`: a parameter-server shard (the master rule on a slice of the
+  parameters), with its records (:mod:`dana.ps.records`) and snapshots for evaluations
+  and checkpoints (:mod:`dana.ps.snapshots`);
+- :mod:`dana.ps.head`: shard 0, the head: the staleness gate, the relay to its standby
+  and the other shards (:mod:`dana.ps.relay`), the standby (a head in waiting);
+- :mod:`dana.ps.worker`, :mod:`dana.ps.link`: a worker (model replica, its own data
+  stream, a worker rule) and its calls to the head;
+- :mod:`dana.ps.launcher`: ``dana train --backend ray``'s driver (:class:`RayRun`), with
+  its shard group (:mod:`dana.ps.group`: starting, watching, promoting and rebuilding
+  the servers; :mod:`dana.ps.standby`: the head's standby) and its evaluation and
+  checkpoint points (:mod:`dana.ps.points`);
 - :mod:`dana.ps.recovery`: rebuilding a lost shard from a snapshot and shard 0's log;
 - :mod:`dana.ps.log`, :mod:`dana.ps.checkpoint`, :mod:`dana.ps.layout`,
   :mod:`dana.ps.delay`, :mod:`dana.ps.cluster`, :mod:`dana.ps.auth`: the per-push

@@ -36,6 +36,14 @@ from dana.errors import DanaError
 #: How often Ray restarts a worker that crashed before the run gives up on it.
 WORKER_RESTARTS = 8
 
+#: Seconds the actors have to start (build their problem) before the run gives up.
+READY_SECONDS = 300.0
+
+
+class ServerLost(Exception):
+    """A server actor is gone: its process or node, or a reply it owned or stored
+    (:meth:`dana.ps.group.ShardGroup.reply`)."""
+
 
 def import_ray() -> Any:
     try:

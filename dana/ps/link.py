@@ -1,25 +1,23 @@
-"""A worker's side of the protocol: every call goes to all ``S`` shard servers at once.
+"""A worker's side of the protocol (:mod:`dana.ps.protocol`): its calls to the head.
 
-A pull asks every shard concurrently and joins the replies into one flat vector (with one
+Every call goes to shard 0 (the head) only, which makes it on its standby and the other
+shards itself, in its own order (:mod:`dana.ps.head`): a push is split into the shards'
+parts (:func:`~dana.ps.protocol.split`: contiguous slices of the message, numpy views,
+which Ray copies into the call once), all of which go to the head with the call, and
+the head sends each to its shard; the other shards' pull replies come back as
+references this link fetches directly, and are joined into one flat vector (with one
 shard, the reply itself, read-only, straight from Ray's object store: no copy). A push
-splits the message into the shards' contiguous slices (numpy views; Ray copies each into
-its object store once) and sends them concurrently. See :mod:`dana.ps.server` for the
-calls and their replies.
-
-With ``relay`` (always, when ``S > 1``) every call goes to shard 0 only, which makes it
-on the other shards itself, in its own order: the other shards' slices go to shard 0
-with the call, and shard 0 sends each to its shard; their pull replies come back as
-references this link fetches directly. A push is therefore applied on every shard or
-on none: shard 0 takes it or not, and relays what it takes from its own copies, even
-if this worker dies the moment after. (Slices this worker had put in Ray's object store
-would be owned by it and die with it: the push would then be applied on shard 0 only.
-Ray >= 2.56 no longer lets a process put an object owned by another.)
+is therefore applied on every shard or on none: the head takes it or not, and relays
+what it takes from its own copies, even if this worker dies the moment after. (Parts
+this worker had put in Ray's object store would be owned by it and die with it: the
+push would then be applied on shard 0 only. Ray >= 2.56 no longer lets a process put an
+object owned by another.)
 
 The head can change: when shard 0 is lost, the driver promotes its standby (named
 ``NAME-1``, ``NAME-2``, ... after shard 0's ``NAME``). A call to a lost head, or a
 reply it owned (``OwnerDiedError``), is sent again, with the same arguments and so the
 same sequence number, to the lowest-numbered live one; a standby not promoted yet
-answers :data:`~dana.ps.server.NOT_HEAD` and is asked again a moment later. The new
+answers ``"not-head"`` and is asked again a moment later. The new
 head has run every call the lost one answered, so a push it applied already is
 answered ``duplicate`` and not applied twice.
 """
@@ -29,15 +27,15 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-import numpy as np
 import ray
 import torch
 from torch import Tensor
 
 from dana.ps.layout import Layout
-from dana.ps.server import NOT_HEAD, PARAMS, STOP, WAIT
+from dana.ps.protocol import Push, Status, split
 
 #: Seconds a worker waits before asking again after a shard was lost (while the driver
 #: rebuilds it).
@@ -79,90 +77,71 @@ def find_head(base: str, start: int = 0) -> tuple[int, Any]:
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
+class Reply(NamedTuple):
+    """The servers' answer to a worker's call: the head's status; ``stop``: the run is
+    over for this worker (the head, or another shard, said so); ``params``, ``lr``: the
+    parameters pulled and their rate (``None``: none served); ``last_seq``, ``joins``
+    (a pull): its last push applied and its joins so far."""
+
+    status: Status
+    stop: bool
+    params: Tensor | None = None
+    lr: float = math.nan
+    last_seq: int = 0
+    joins: int = 0
+
+
 class ServerLink:
-    """``servers``: the shards' actors; ``relay``: call shard 0 only, which relays;
-    ``head``: shard 0's actor name, to find its promoted standby when it is lost."""
+    """Worker ``worker``'s calls to the head, shard 0, whose actor is named ``head``
+    (its promoted standbys: ``head-1``, ``head-2``, ...)."""
 
-    def __init__(
-        self,
-        servers: list[Any],
-        layout: Layout,
-        worker: int,
-        dtype: torch.dtype,
-        relay: bool = False,
-        head: str | None = None,
-    ):
-        self.servers, self.layout, self.worker = servers, layout, worker
-        self.relay = relay
-        self.base, self.generation = head, 0
-        self.probes = [torch.from_numpy(p) for p in layout.probes]
-        self.buffer = torch.empty(layout.d, dtype=dtype) if len(servers) > 1 else None
+    def __init__(self, head: str, layout: Layout, worker: int, dtype: torch.dtype):
+        self.base, self.layout, self.worker = head, layout, worker
+        self.generation, self.head = find_head(head)
+        self.buffer = torch.empty(layout.d, dtype=dtype) if layout.servers > 1 else None
 
-    def pull(self, join: bool = False) -> tuple[str, Tensor | None, float, int, int]:
-        """(status, parameters (None unless status is "params": "stop" once the run is
-        over, "wait" while the staleness bound holds the worker), lr, last seq applied,
-        joins so far)."""
-        if self.relay:
-            *head, refs = self._head("relay_pull", self.worker, join)
-            others = self._replies(refs)
-            if others is None:  # a shard was lost: pull again once it is rebuilt
-                return WAIT, None, head[2], head[3], head[4]
-            replies = [tuple(head), *others]
-        else:
-            replies = ray.get([s.pull.remote(self.worker, join) for s in self.servers])
-        # Shard 0 decides which pushes are applied (the others apply what it relays):
+    def pull(self, join: bool = False) -> Reply:
+        """The parameters to compute at (``None`` unless the status is ``"params"``:
+        ``"stop"`` once the run is over, ``"wait"`` while the staleness bound holds the
+        worker)."""
+        head = self._call(lambda actor: actor.relay_pull.remote(self.worker, join))
+        stop = head.status is Status.STOP
+        if head.status is not Status.PARAMS:
+            return Reply(head.status, stop, None, head.lr, head.last_seq, head.joins)
+        # The head decides which pushes are applied (the others apply what it relays):
         # its last seq is the worker's on every shard.
-        status, _, lr, last_seq, joins = replies[0]
-        if any(r[0] == STOP for r in replies):
-            return STOP, None, lr, last_seq, joins
-        if status != PARAMS:
-            return status, None, lr, last_seq, joins
-        return PARAMS, self._join([r[1] for r in replies]), lr, last_seq, joins
+        others = self._replies(head.others)
+        if others is None:  # a shard was lost: pull again once it is rebuilt
+            return Reply(Status.WAIT, False, None, head.lr, head.last_seq, head.joins)
+        if any(r.status is Status.STOP for r in others):
+            return Reply(Status.STOP, True, None, head.lr, head.last_seq, head.joins)
+        params = self._join([head.params, *(r.params for r in others)])
+        return Reply(Status.PARAMS, False, params, head.lr, head.last_seq, head.joins)
 
-    def push(
-        self,
-        seq: int,
-        message: Tensor | None,
-        loss: float = math.nan,
-        offset: Tensor | None = None,
-        buffers: dict[str, np.ndarray] | None = None,
-    ) -> list[str]:
-        """Push to every shard; the shards' statuses (shard 0's only when relayed)."""
-        if self.relay:
-            return [self._relayed("relay_push", seq, message, loss, offset, buffers)]
-        calls = self._calls("push", seq, message, loss, offset, buffers)
-        return ray.get(calls)
+    def push(self, push: Push) -> Reply:
+        """Push (``push``: the worker's, over the whole vector) to every shard."""
+        parts = split(push, self.layout)
+        head = self._call(lambda actor: actor.relay_push.remote(parts))
+        return Reply(head.status, head.status is Status.STOP, lr=head.lr)
 
-    def exchange(
-        self,
-        seq: int,
-        message: Tensor,
-        loss: float = math.nan,
-        offset: Tensor | None = None,
-        buffers: dict[str, np.ndarray] | None = None,
-    ) -> tuple[list[str], Tensor | None, float]:
-        """Push and pull in one round trip: (statuses, parameters or None, lr).
+    def exchange(self, push: Push) -> Reply:
+        """Push and pull in one round trip.
 
-        No parameters: the run is over (a status says "stop" or this was its last push),
-        or the push was held or the pull must wait (bounded staleness).
+        No parameters: the run is over (``stop``, or this was its last push), or the
+        push was held or the pull must wait (bounded staleness).
         """
-        if self.relay:
-            status, params, lr, refs = self._relayed(
-                "relay_exchange", seq, message, loss, offset, buffers
-            )
-            if params is None:
-                return [status], None, lr
-            replies = self._replies(refs)
-            if replies is None:  # a shard was lost: the worker pulls on its own
-                return [status], None, lr
-            if any(r[0] != PARAMS for r in replies):
-                return [status, STOP], None, lr  # (another shard only refuses when stopped)
-            return [status], self._join([params, *(r[1] for r in replies)]), lr
-        replies = ray.get(self._calls("exchange", seq, message, loss, offset, buffers))
-        statuses = [r[0] for r in replies]
-        if any(r[1] is None for r in replies):
-            return statuses, None, replies[0][2]
-        return statuses, self._join([r[1] for r in replies]), replies[0][2]
+        parts = split(push, self.layout)
+        head = self._call(lambda actor: actor.relay_exchange.remote(parts))
+        stop = head.status is Status.STOP
+        if head.params is None:
+            return Reply(head.status, stop, None, head.lr)
+        others = self._replies(head.others)
+        if others is None:  # a shard was lost: the worker pulls on its own
+            return Reply(head.status, stop, None, head.lr)
+        if any(r.status is not Status.PARAMS for r in others):
+            return Reply(head.status, True, None, head.lr)  # (another only refuses when stopped)
+        params = self._join([head.params, *(r.params for r in others)])
+        return Reply(head.status, stop, params, head.lr)
 
     def _replies(self, refs: list[Any]) -> list[Any] | None:
         """The other shards' replies; None if one of them was lost, or the head that owned
@@ -174,86 +153,23 @@ class ServerLink:
             time.sleep(LOST_PAUSE)
             return None
 
-    def _head(self, method: str, *args: Any) -> Any:
-        """Call ``method`` on the head and wait for its reply; a lost head's call is sent
-        again to its promoted standby (the same arguments)."""
+    def _call(self, call: Callable[[Any], Any]) -> Any:
+        """The head's reply to ``call(head)``; a lost head's call is made again on its
+        promoted standby (the same arguments)."""
         while True:
             try:
-                reply = ray.get(getattr(self.servers[0], method).remote(*args))
+                reply = ray.get(call(self.head))
             except lost_errors():
-                if self.base is None:
-                    raise
-                self.generation, self.servers[0] = find_head(self.base, self.generation + 1)
+                self.generation, self.head = find_head(self.base, self.generation + 1)
                 continue
-            if (reply if isinstance(reply, str) else reply[0]) != NOT_HEAD:
+            if reply.status is not Status.NOT_HEAD:
                 return reply
             # A standby not promoted yet (or the head was only out of reach): look again
             # from shard 0 on, after a pause.
             time.sleep(LOST_PAUSE)
-            self.generation, self.servers[0] = find_head(self.base, 0)
+            self.generation, self.head = find_head(self.base, 0)
 
-    def _parts(
-        self, message: Tensor | None, offset: Tensor | None
-    ) -> tuple[list[np.ndarray] | None, list[np.ndarray | None]]:
-        """The shards' slices of the message and their probe coordinates of ``offset``."""
-        pieces = self.layout.split(message.numpy()) if message is not None else None
-        offsets: list[np.ndarray | None] = []
-        for s, (lo, hi) in enumerate(self.layout.bounds):
-            off = None
-            if offset is not None:
-                off = torch.index_select(offset[lo:hi], 0, self.probes[s]).numpy()
-            offsets.append(off)
-        return pieces, offsets
-
-    def _calls(
-        self,
-        method: str,
-        seq: int,
-        message: Tensor | None,
-        loss: float,
-        offset: Tensor | None,
-        buffers: dict[str, np.ndarray] | None,
-    ) -> list[Any]:
-        pieces, offsets = self._parts(message, offset)
-        return [
-            getattr(server, method).remote(
-                self.worker,
-                seq,
-                None if pieces is None else pieces[s],
-                loss if s == 0 else math.nan,
-                offsets[s],
-                buffers if s == 0 else None,
-            )
-            for s, server in enumerate(self.servers)
-        ]
-
-    def _relayed(
-        self,
-        method: str,
-        seq: int,
-        message: Tensor | None,
-        loss: float,
-        offset: Tensor | None,
-        buffers: dict[str, np.ndarray] | None,
-    ) -> Any:
-        """Call shard 0's relaying ``method``, with the other shards' slices: its reply."""
-        pieces, offsets = self._parts(message, offset)
-        # By value: shard 0 holds them once it runs the call, and relays its own copies
-        # (a reference to an object this worker put would die with the worker).
-        others = None if pieces is None else pieces[1:]
-        return self._head(
-            method,
-            self.worker,
-            seq,
-            None if pieces is None else pieces[0],
-            loss,
-            offsets[0],
-            buffers,
-            others,
-            offsets[1:],
-        )
-
-    def _join(self, pieces: list[np.ndarray]) -> Tensor:
+    def _join(self, pieces: list[Any]) -> Tensor:
         if self.buffer is None:
             return torch.from_numpy(pieces[0])
         for (lo, hi), piece in zip(self.layout.bounds, pieces):

@@ -2,7 +2,7 @@
 
 The workers call only the head (shard 0, which alone keeps the staleness gate, if
 any); once it has applied a push or served a pull it passes the same call on
-(:mod:`dana.ps.server`, "Several shards" and "Standby"):
+(:mod:`dana.ps.head`):
 
 1. to its **standby**, a replica of shard 0, with every shard's arguments, and waits
    for it to answer (so the standby has run, and logged, every call anyone else gets);
@@ -20,12 +20,10 @@ own log on (:meth:`promote`).
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import Any
 
-import numpy as np
-
+from dana.ps.protocol import Entry, Method, Pull, Push
 from dana.ps.recovery import RelayLog
 
 #: The count a missing standby's snapshot "covers" (``--no-standby``): every call, so
@@ -52,7 +50,7 @@ class Relay:
         self.log = RelayLog(len(self.names) + 1) if self.names or replicated else None
         if self.log is not None and not replicated:
             self.log.kept[0] = NO_STANDBY  # (no standby snapshot to wait for)
-        self.outbox: list[tuple[int, str, list[tuple]]] = []  # logged, not yet sent
+        self.outbox: list[Entry] = []  # logged, not yet sent
         self.standby_lost = 0  # times the standby did not answer
 
     def connect(self) -> None:
@@ -65,66 +63,48 @@ class Relay:
         """``worker``'s process joined: its next relayed pull is a join."""
         self.rejoined[worker] = True
 
-    def push(
-        self,
-        own: tuple,
-        worker: int,
-        seq: int,
-        pieces: list[Any] | None,
-        offsets: list[np.ndarray | None],
-    ) -> None:
-        """Log the push (``own``: shard 0's arguments, for the standby) and its slices
-        for every other shard (``pieces``; ``None`` for a local step), to :meth:`flush`."""
+    def push(self, parts: list[Push]) -> None:
+        """Log the push, ``parts[s]`` for receiver ``s`` (``parts[0]``: shard 0's own, for
+        the standby), to :meth:`flush`."""
         if self.log is None:
             return
         # Copies: the log keeps them after the worker's arguments are gone.
-        worker_, seq_, message, loss, offset, buffers = own
-        head = (
-            (worker_, seq_, _copy(message), loss, _copy(offset), _copy_dict(buffers))
-            if self.replicated
-            else ()  # (no standby to run shard 0's part: nothing copied)
-        )
-        args = [head] + [
-            (worker, seq, _copy(None if pieces is None else pieces[s]), math.nan, _copy(offsets[s]))
-            for s in range(self.others)
-        ]
-        self._add("push", args)
+        own = parts[0].copy() if self.replicated else None  # (None: no standby to run it)
+        self._add(Method.PUSH, [own, *(part.copy() for part in parts[1:])])
 
     def pull(self, worker: int) -> None:
         """Log the same pull for the standby and every other shard, to :meth:`flush`."""
         if self.log is None:
             return
         join, self.rejoined[worker] = self.rejoined[worker], False
-        self._add("pull", [(worker, join)] * (self.others + 1))
+        self._add(Method.PULL, [Pull(worker, join)] * (self.others + 1))
 
     def stop(self) -> list[Any]:
         """Stop the standby and every other shard after the calls passed on to them (the
         references of the other shards' stops)."""
-        if self.log is not None:
-            self._add("stop", [()] * (self.others + 1))
-        return self.flush()[-1] if self.log is not None else []
+        if self.log is None:
+            return []
+        self._add(Method.STOP, [None] * (self.others + 1))
+        return self.flush()[-1]
 
     def flush(self) -> list[list[Any]]:
         """Pass the logged calls on: to the standby first, waiting for its answer, then to
         every other shard. Per call, the references of the other shards' replies."""
-        calls, self.outbox = self.outbox, []
-        if not calls:
+        entries, self.outbox = self.outbox, []
+        if not entries:
             return [[]]
         if self.standby is not None:
             import ray
 
             try:
-                _wait(self.standby.replica.remote(calls))
+                _wait(self.standby.replica.remote(entries))
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
                 # Lost: the driver builds a new one and this log fills it (attach).
                 self.standby = None
                 self.standby_lost += 1
         return [
-            [
-                peer.relayed.remote(number, method, *args[s])
-                for s, peer in enumerate(self.peers, start=1)
-            ]
-            for number, method, args in calls
+            [peer.relayed.remote(entry.call(s)) for s, peer in enumerate(self.peers, start=1)]
+            for entry in entries
         ]
 
     def waiting(self, state: dict[str, Any]) -> None:
@@ -136,9 +116,8 @@ class Relay:
         if self.standby is not None:
             self.standby.waiting.remote(state)
 
-    def _add(self, method: str, args: list[tuple]) -> None:
-        number = self.log.append(method, args)
-        self.outbox.append((number, method, args))
+    def _add(self, method: Method, args: list[Pull | Push | None]) -> None:
+        self.outbox.append(self.log.add(method, args))
 
     def trim(self, shard: int, covered: int) -> None:
         """The driver holds a snapshot of receiver ``shard`` (0: the standby) covering the
@@ -155,7 +134,9 @@ class Relay:
         """``actor`` is the standby now, rebuilt from a snapshot covering the calls up to
         ``covered``: send it the whole log (it logs every entry and runs those past its
         own count), then wait for it with every call. How many sent."""
-        if covered < self.log.kept[0] or (self.log.calls and self.log.calls[0][0] > covered + 1):
+        if covered < self.log.kept[0] or (
+            self.log.calls and self.log.calls[0].number > covered + 1
+        ):
             raise RuntimeError(f"the calls after {covered} are gone: no standby from there")
         # Waited for: a promotion must find the whole log there.
         _wait(actor.adopt.remote(list(self.log.kept), list(self.log.calls)))
@@ -168,10 +149,17 @@ class Relay:
         calls each was sent."""
         self.peers = list(peers)
         self.standby = None
-        for number, method, args in self.log.calls:
+        for entry in self.log.calls:
             for s, peer in enumerate(self.peers, start=1):
-                peer.relayed.remote(number, method, *args[s])
+                peer.relayed.remote(entry.call(s))
         return len(self.log.calls) if self.peers else 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The joins still to pass on (the log and the receivers are rebuilt otherwise)."""
+        return {"rejoined": list(self.rejoined)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rejoined = [bool(j) for j in state["rejoined"]]
 
     def counters(self) -> dict[str, int]:
         log = self.log
@@ -192,11 +180,3 @@ def _wait(reply: Any) -> None:
 
     if isinstance(reply, ray.ObjectRef):
         ray.get(reply)
-
-
-def _copy(array: np.ndarray | None) -> np.ndarray | None:
-    return None if array is None else np.array(array)
-
-
-def _copy_dict(arrays: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
-    return None if arrays is None else {k: np.array(v) for k, v in arrays.items()}

@@ -36,3 +36,10 @@ class Snapshots:
     def drain(self) -> list[dict[str, Any]]:
         taken, self.taken = self.taken, []
         return taken
+
+    def state_dict(self) -> dict[str, Any]:
+        """The points still to snapshot (those taken go to the driver with the polls)."""
+        return {"points": list(self.points)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.points = [int(p) for p in state["points"]]

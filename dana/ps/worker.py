@@ -10,9 +10,12 @@ own state, e.g. ``dana-slim``'s momentum ``v_i``). One step, as in the simulator
 2. ``rule.set_lr(lr)``, ``message = rule.message(0, g)`` (``None``: a local step,
    counted by the servers, no pull); with ``--time-scale``, sleep to the emulated step
    time (:mod:`dana.ps.delay`; a rule that ``uses_speed``, Dynamic Local Updates, is
-   told this worker's emulated speed relative to the fastest once, at construction). ``lr`` is the learning rate the servers sent with the
-   parameters (the simulator's is the one at the push: they differ only by how far the
-   schedule moved during one step);
+   told this worker's emulated speed relative to the fastest once, at construction).
+   ``lr`` is the rate of the run's next step as the servers last told it: with the
+   pulled parameters, and after a local step with the head's answer to it, so that
+   each local step of a cycle reads the schedule anew, as in the simulator (the
+   simulator's rate is the one at the push: they differ only by how far the schedule
+   moved during one step);
 3. push the message with the next sequence number and pull in the same round trip
    (``exchange``); ``ssgd``: push, and pull again only in the driver's next round.
 
@@ -50,8 +53,8 @@ from torch import Tensor
 from dana.algorithms.base import Algorithm, move_tensors
 from dana.ps.delay import StepDelay, worker_speed
 from dana.ps.layout import Layout
-from dana.ps.link import ServerLink, find_head
-from dana.ps.server import APPLIED, DUPLICATE, LOCAL, STOP, WAIT
+from dana.ps.link import ServerLink
+from dana.ps.protocol import Push, Status
 from dana.train.batches import BatchStream
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
@@ -99,22 +102,14 @@ class Worker:
         # The workers call shard 0 only, which relays to its standby and the other shards
         # (whose lost ones the driver rebuilds under new names); a lost shard 0 is
         # replaced by its standby, found by name (dana.ps.link.find_head).
-        generation, head = find_head(servers[0])
-        self.link = ServerLink(
-            [head, *([None] * (len(servers) - 1))],
-            Layout(d, self.config.servers, self.config.seed),
-            index,
-            dtype,
-            relay=True,
-            head=servers[0],
-        )
-        self.link.generation = generation
+        layout = Layout(d, self.config.servers, self.config.seed)
+        self.link = ServerLink(servers[0], layout, index, dtype)
         self.sends_offset = self.rule.theta_offset(1.0) is not None
         self.has_buffers = any(True for _ in self.problem.flat.module.buffers())
         self.stream: BatchStream | None = None  # created when this process first joins
         self.delay: StepDelay | None = None
         self.seq = 0  # the sequence number of this worker's last push
-        self.lr = 0.0  # the learning rate the servers gave with the last parameters
+        self.lr = 0.0  # the rate of the next step, as the servers last told it
 
     def ready(self) -> dict[str, str]:
         from dana.ps.cluster import node_of
@@ -143,13 +138,13 @@ class Worker:
         join = self.stream is None
         pause = WAIT_FIRST
         while True:
-            status, params, lr, last_seq, joins = self.link.pull(join=join)
-            self.seq, self.lr = max(self.seq, last_seq), lr
+            reply = self.link.pull(join=join)
+            self.seq, self.lr = max(self.seq, reply.last_seq), reply.lr
             if join:
-                self._start(joins)
+                self._start(reply.joins)
                 join = False
-            if status != WAIT:
-                return params
+            if reply.status is not Status.WAIT:
+                return reply.params
             counts["wait_replies"] += 1
             pause = _pause(pause)
 
@@ -178,28 +173,29 @@ class Worker:
             self.delay.pad(started)
         self.seq += 1
         counts["sent"] += 1  # pushes sent: the key of dist.json's worker_replies, kept
+        push = Push(self.index, self.seq, _numpy(message), loss, _numpy(offset), buffers)
         pause = WAIT_FIRST
         while True:  # (only a bounded run's held push goes round more than once)
             if message is None or not exchange:
-                statuses = self.link.push(self.seq, message, loss, offset, buffers)
-                following = params if message is None else None
+                reply = self.link.push(push)
             else:
-                statuses, following, lr = self.link.exchange(
-                    self.seq, message, loss, offset, buffers
-                )
-            if statuses[0] != WAIT:
+                reply = self.link.exchange(push)
+            if reply.status is not Status.WAIT:
                 break
             counts["wait_replies"] += 1
             pause = _pause(pause)
-        counts[_REPLY[statuses[0]]] += 1
-        if STOP in statuses:
+        counts[_REPLY[reply.status]] += 1
+        if reply.stop:
             return None
-        if message is None or not exchange:
-            return following
-        if following is None:  # the run is over, or the pull must wait: pull on its own
+        if message is None:  # a local step: the next one computes at the same parameters,
+            self.lr = reply.lr  # at the rate of the run's next step, as in the simulator
+            return params
+        if not exchange:  # ssgd: the next round pulls
+            return None
+        if reply.params is None:  # the run is over, or the pull must wait: pull on its own
             return self._pull(counts)
-        self.lr = lr
-        return following
+        self.lr = reply.lr
+        return reply.params
 
 
 def _pause(seconds: float) -> float:
@@ -208,4 +204,13 @@ def _pause(seconds: float) -> float:
     return min(2 * seconds, WAIT_MAX)
 
 
-_REPLY = {APPLIED: "applied", DUPLICATE: "duplicate", LOCAL: "local", STOP: "stopped"}
+def _numpy(tensor: Tensor | None) -> np.ndarray | None:
+    return None if tensor is None else tensor.numpy()
+
+
+_REPLY = {
+    Status.APPLIED: "applied",
+    Status.DUPLICATE: "duplicate",
+    Status.LOCAL: "local",
+    Status.STOP: "stopped",
+}

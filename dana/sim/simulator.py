@@ -398,14 +398,14 @@ class Simulator:
         }
 
     def _bounded_state(self) -> dict[str, Any]:
-        gate = self.gate
+        gate = self.gate.state_dict()  # (its waits are saved with the run's, above)
         return {
-            "inflight": list(gate.inflight),
+            "inflight": gate["inflight"],
             "held": [
                 [i, h.clone(), loss, since, is_message]
                 for i, h, loss, since, is_message in self.held
             ],
-            "idle": [[i, since] for i, since in gate.idle],
+            "idle": gate["idle"],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -430,12 +430,6 @@ class Simulator:
         if self.engine is not None:  # (no pending gradients: they are computed again)
             self.engine.load_state_dict(state.get("engine", {}), self.sent.device)
         if self.gate is not None:
-            gate = self.gate = StalenessGate(self.max_staleness)
-            gate.wait_time = float(state.get("wait_time", 0.0))
-            gate.waits = int(state.get("waits", 0))
-            gate.inflight = [int(i) for i in state["inflight"]]
-            gate.pulled = {i: self.pulled_at[i] for i in gate.inflight}
-            gate.idle = [(int(i), float(t)) for i, t in state["idle"]]
             # Entries of older checkpoints have no fifth field: they held messages.
             self.held = [
                 (
@@ -447,7 +441,20 @@ class Simulator:
                 )
                 for e in state["held"]
             ]
-            gate.held = {i: since for i, _, _, since, _ in self.held}
+            inflight = [int(i) for i in state["inflight"]]
+            self.gate = StalenessGate(self.max_staleness)
+            self.gate.load_state_dict(
+                {
+                    "inflight": inflight,
+                    "pulled": [[i, self.pulled_at[i]] for i in inflight],  # (every push updates)
+                    "idle": state["idle"],
+                    "held": [[i, since] for i, _, _, since, _ in self.held],
+                    "waits": state.get("waits", 0),
+                    "wait_time": state.get("wait_time", 0.0),
+                    "held_starts": 0,  # (counts of refusals the simulator does not report)
+                    "held_pushes": 0,
+                }
+            )
 
 
 def _constant(lr: float) -> Callable[[float], float]:

@@ -31,6 +31,8 @@ gate it copies (:meth:`~StalenessGate.admit`, :meth:`~StalenessGate.resume`) and
 told its waiting workers whenever one starts waiting
 (:meth:`~StalenessGate.waiting_state`, :meth:`~StalenessGate.load_waiting`), so that
 once it decides for itself it has the same line to start and the same held pushes.
+A runner saves and restores a gate whole with :meth:`~StalenessGate.state_dict` and
+:meth:`~StalenessGate.load_state_dict`.
 
     >>> gate = StalenessGate(bound=0)
     >>> gate.start(0, pushes=0, now=0.0), gate.start(1, pushes=0, now=0.0)  # one at a time
@@ -175,6 +177,23 @@ class StalenessGate:
         self.pushed(worker)
         self.idle = [(w, t) for w, t in self.idle if w != worker]
         self.held.pop(worker, None)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the gate holds, as plain values (its bound aside: an argument)."""
+        return {
+            "inflight": list(self.inflight),
+            "pulled": [[w, p] for w, p in self.pulled.items()],
+            **self.waiting_state(),
+            "waits": self.waits,
+            "wait_time": self.wait_time,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`."""
+        self.inflight = [int(w) for w in state["inflight"]]
+        self.pulled = {int(w): int(p) for w, p in state["pulled"]}
+        self.load_waiting(state)
+        self.waits, self.wait_time = int(state["waits"]), float(state["wait_time"])
 
     def counters(self) -> dict[str, Any]:
         return {

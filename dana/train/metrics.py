@@ -111,4 +111,7 @@ def summarize(
         "max_staleness": int(staleness.max()) if len(staleness) else 0,
         "wait_time": float(wait_time),
         "wall_seconds": wall_seconds,
+        # every hyper-parameter the algorithm ran with, its defaults included: a
+        # record stays readable after a default changes
+        "algorithm_hparams": config.build_algorithm().hparams(),
     }

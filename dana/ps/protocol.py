@@ -1,0 +1,233 @@
+"""What the workers and the shard servers say to each other: the one protocol.
+
+Every argument and reply is a numpy array or a plain value (and, from the head, Ray
+object references), wrapped in the small named types below; the statuses and roles are
+``str`` enums, so that logs and ``dist.json`` show their plain values. (The driver's
+calls, ``poll``, ``stop``, ``trim``, ..., are the servers' own methods,
+:mod:`dana.ps.shard` and :mod:`dana.ps.head`, made by :mod:`dana.ps.group`.)
+
+A worker calls the head (shard 0), which relays (:mod:`dana.ps.head`):
+
+- ``relay_pull(worker, join) -> HeadPull``: the parameters to compute at, at the
+  learning rate ``lr`` (``status`` :attr:`Status.PARAMS`), or no parameters:
+  :attr:`Status.STOP` once the run is over, :attr:`Status.WAIT` while the staleness
+  bound holds the worker, :attr:`Status.NOT_HEAD` from a standby not promoted yet.
+  ``join`` marks the first pull of a worker process; the reply tells it the sequence
+  number of its last push applied and how often it has joined. ``others``: the
+  references of the other shards' :class:`Pulled` replies, which the worker fetches.
+- ``relay_push(parts) -> HeadPushed``: one :class:`Push` per shard (:func:`split`), the
+  head's first; :attr:`Status.APPLIED`, :attr:`Status.LOCAL` (a local step, counted),
+  :attr:`Status.DUPLICATE` (a repeat, not applied again), :attr:`Status.STOP` (after
+  the run's end), :attr:`Status.WAIT` (held: sent again later with the same ``seq``);
+  and the rate of the run's next step, at which a worker taking local steps takes its
+  next one (the simulator reads the schedule at every step, so the Ray worker does too).
+- ``relay_exchange(parts) -> HeadExchange``: a push and then a pull, one round trip.
+
+The head passes every call it takes on to its standby and the other shards as a
+numbered :class:`Call` (its log keeps them as :class:`Entry`, one argument per
+receiver); a receiver runs it through :func:`apply`, the one place where a relayed call
+meets a server's methods.
+
+A push is one :class:`Push` record: the worker's message, its loss, its rule's
+``theta_offset`` and the model's buffers. :func:`split` cuts it into the shards' parts;
+it is where a codec of the message would sit (the worker encoding each part, the shard
+decoding it in ``push``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from dana.ps.layout import Layout
+
+
+class _Named(str, Enum):
+    """A ``str`` enum that prints and serialises as its plain value."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class Status(_Named):
+    """A server's answer to a call."""
+
+    APPLIED = "applied"  # the push was applied
+    DUPLICATE = "duplicate"  # a push applied already (its seq is not new): not again
+    LOCAL = "local"  # a local step (no message): counted, nothing applied
+    STOP = "stop"  # the run is over: nothing applied or served
+    PARAMS = "params"  # a pull served: the parameters come with it
+    WAIT = "wait"  # bounded staleness: refused for now; ask again
+    NOT_HEAD = "not-head"  # a standby not (yet) promoted: ask again, or the next one
+
+
+class Role(_Named):
+    """What a server actor is: the head (shard 0, which relays), a standby of the head
+    (a head in waiting, until promoted), or another shard."""
+
+    HEAD = "head"
+    STANDBY = "standby"
+    SHARD = "shard"
+
+
+class Method(_Named):
+    """A call the head relays."""
+
+    PULL = "pull"
+    PUSH = "push"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class Push:
+    """A worker's push (to one shard: its part of it).
+
+    ``message``: the worker rule's message (``None``: a local step); ``seq``: the push's
+    number (each worker numbers its pushes 1, 2, 3, ...); ``loss``: at the computed
+    batch; ``offset``: the rule's ``theta_offset(1.0)`` (the worker's whole vector, or a
+    shard's probe coordinates of it: :func:`split`), to measure the gap against the
+    true ``theta``; ``buffers``: the model's buffers (BatchNorm statistics)."""
+
+    worker: int
+    seq: int
+    message: np.ndarray | None
+    loss: float = math.nan
+    offset: np.ndarray | None = None
+    buffers: dict[str, np.ndarray] | None = None
+
+    def copy(self) -> Push:
+        """The same push owning its arrays (a log keeps it after the sender's are gone)."""
+        return replace(
+            self,
+            message=_copy(self.message),
+            offset=_copy(self.offset),
+            buffers=None
+            if self.buffers is None
+            else {k: _copy(v) for k, v in self.buffers.items()},
+        )
+
+    @property
+    def nbytes(self) -> int:
+        arrays = [self.message, self.offset, *(self.buffers or {}).values()]
+        return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+
+
+def split(push: Push, layout: Layout) -> list[Push]:
+    """Each shard's part of ``push`` (a worker's, over the whole vector): its slice of the
+    message (a view) and the probe coordinates of its slice of the offset; the loss and
+    the buffers go to shard 0 alone."""
+    message = None if push.message is None else layout.split(push.message)
+    parts = []
+    for s, (lo, hi) in enumerate(layout.bounds):
+        offset = None if push.offset is None else push.offset[lo:hi][layout.probes[s]]
+        parts.append(
+            Push(
+                push.worker,
+                push.seq,
+                None if message is None else message[s],
+                push.loss if s == 0 else math.nan,
+                offset,
+                push.buffers if s == 0 else None,
+            )
+        )
+    return parts
+
+
+@dataclass(frozen=True)
+class Pull:
+    """A pull of ``worker``; ``join``: the first of its process (a start, a restart)."""
+
+    worker: int
+    join: bool = False
+
+
+class Pulled(NamedTuple):
+    """A shard's answer to a pull (``params`` only with :attr:`Status.PARAMS`)."""
+
+    status: Status
+    params: np.ndarray | None
+    lr: float
+    last_seq: int
+    joins: int
+
+
+class Exchanged(NamedTuple):
+    """A shard's answer to an exchange: the push's status and the pull's parameters
+    (``None``: the run is over, the push was held, or the pull must wait)."""
+
+    status: Status
+    params: np.ndarray | None
+    lr: float
+
+
+class HeadPull(NamedTuple):
+    """The head's answer to a worker's pull: shard 0's and the references of the other
+    shards' :class:`Pulled` (empty unless the pull was served)."""
+
+    status: Status
+    params: np.ndarray | None
+    lr: float
+    last_seq: int
+    joins: int
+    others: list[Any]
+
+
+class HeadPushed(NamedTuple):
+    """The head's answer to a worker's push: its status and the rate of the run's next
+    step (``NaN`` from a standby not promoted yet)."""
+
+    status: Status
+    lr: float
+
+
+class HeadExchange(NamedTuple):
+    """The head's answer to a worker's exchange: shard 0's and the references of the
+    other shards' :class:`Pulled` (empty unless the pull was served)."""
+
+    status: Status
+    params: np.ndarray | None
+    lr: float
+    others: list[Any]
+
+
+class Call(NamedTuple):
+    """A relayed call as one receiver runs it: its ``number`` in the head's order,
+    ``method`` and argument (a :class:`Pull`, a :class:`Push`; ``None`` for a stop)."""
+
+    number: int
+    method: Method
+    arg: Pull | Push | None
+
+
+class Entry(NamedTuple):
+    """A relayed call in the head's log: ``args[s]`` is receiver ``s``'s argument
+    (``args[0]``: the standby's, shard 0's own; ``None`` where there is none)."""
+
+    number: int
+    method: Method
+    args: list[Pull | Push | None]
+
+    def call(self, receiver: int) -> Call:
+        return Call(self.number, self.method, self.args[receiver])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.args if isinstance(a, Push))
+
+
+def apply(server: Any, call: Call) -> Any:
+    """Run relayed ``call`` on ``server`` (a :class:`~dana.ps.shard.ShardServer`): its
+    reply."""
+    if call.method is Method.PULL:
+        return server.pull(call.arg.worker, call.arg.join)
+    if call.method is Method.PUSH:
+        return server.push(call.arg)
+    return server.halt()
+
+
+def _copy(array: np.ndarray | None) -> np.ndarray | None:
+    return None if array is None else np.array(array)
