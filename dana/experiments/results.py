@@ -74,12 +74,6 @@ class Metric:
         text = f"{self.name} {value:.4f}"
         return text + (f" (perplexity {perplexity_text(value)})" if self.perplexity else "")
 
-    def difference(self, value: float) -> str:
-        """A difference: ``+0.50 pp``, ``+0.0100``."""
-        if self.is_error:
-            return f"{self.scale * value:+.2f} pp"
-        return f"{value:+.4f}"
-
 
 #: The test error: every classifier's runs.
 TEST_ERROR = Metric("test_error", "final_test_error", "test error", 100.0, (0.005, 0.01))

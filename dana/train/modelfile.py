@@ -9,9 +9,9 @@ module again (``dana``: the model's name and the dataset's shape), so that
 
     >>> model = load_model("runs/first")  # doctest: +SKIP
 
-gives the trained ``torch.nn.Module`` back, in eval mode; a model of your own (a run of
-:func:`dana.fit`, or a file you moved) is loaded into the module your factory builds:
-``load_model(run_dir, model=make_model)``. Tied weights (a language model's output
+gives the trained ``torch.nn.Module`` back, in eval mode; a model dana does not build by
+name is loaded into the module your factory builds: ``load_model(path,
+model=make_model)``. Tied weights (a language model's output
 head and token embedding) are stored once and tied again on loading.
 """
 
@@ -65,16 +65,6 @@ def save_model(path: str | os.PathLike[str], module: nn.Module, info: dict[str, 
     metadata = {_META: json.dumps(info, sort_keys=True), _ALIASES: json.dumps(aliases)}
     write_atomic(path, st.save(tensors, metadata=metadata))
     return path
-
-
-def model_info(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The metadata a model file was saved with (how to build its module)."""
-    path = _model_path(path)
-    from safetensors import safe_open
-
-    _import_safetensors()
-    with safe_open(str(path), framework="pt") as f:
-        return json.loads((f.metadata() or {}).get(_META, "{}"))
 
 
 def _model_path(path: str | os.PathLike[str]) -> Path:

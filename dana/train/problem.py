@@ -51,10 +51,7 @@ class Problem:
         language = is_language_model(config.model)
         text = config.dataset.strip().lower() == "text"
         if text and not language:
-            from dana.errors import ConfigError
-
-            build_language_model(config.model, 256)  # (raises: names the language models)
-            raise ConfigError(f"--dataset text needs a language model, got {config.model!r}")
+            build_language_model(config.model, 256)  # (an image model: says which to choose)
         self.dataset = dataset or load_dataset(
             config.dataset,
             config.data_dir,
