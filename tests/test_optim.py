@@ -125,7 +125,12 @@ def test_local_sgd_takes_local_steps():
     reference, ours = _net(), _net()
     sgd = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     master = dana.optim.Master(
-        ours.parameters(), algorithm="local-sgd", workers=1, momentum=0.9, local_steps=3
+        ours.parameters(),
+        algorithm="local-sgd",
+        workers=1,
+        momentum=0.9,
+        local_steps=3,
+        outer_lr=1.0,
     )
     worker = dana.optim.Worker(ours.parameters(), master, lr=0.1)
     rates = [torch.optim.lr_scheduler.LambdaLR(o, lambda e: 1.0) for o in (sgd, worker)]

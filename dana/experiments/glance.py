@@ -152,9 +152,9 @@ def glance_table(results: Results) -> str:
         return ""
     base = results.baseline()
     metric = results.metric
-    errors = base.finals()
-    base_text = metric.number(errors.mean()) + (
-        f" ± {metric.number((errors.max() - errors.min()) / 2)}" if len(errors) > 1 else ""
+    errors, digits = metric.scale * base.finals(), metric.digits
+    base_text = f"{errors.mean():.{digits}f}" + (
+        f" ± {(errors.max() - errors.min()) / 2:.{digits}f}" if len(errors) > 1 else ""
     )
     if metric.perplexity:
         base_text += f" (perplexity {perplexity_text(errors.mean())})"

@@ -62,9 +62,10 @@ class Metric:
         """The unit of a difference: ``pp`` (percentage points), or none for a loss."""
         return "pp" if self.is_error else ""
 
-    def number(self, value: float) -> str:
-        """A value as a table's cell shows it: ``12.34`` (%), ``1.2345`` (a loss)."""
-        return f"{self.scale * value:.2f}" if self.is_error else f"{value:.4f}"
+    @property
+    def digits(self) -> int:
+        """Decimals shown: 2 of an error in % (of ``scale * value``), 4 of a loss."""
+        return 2 if self.is_error else 4
 
     def show(self, value: float) -> str:
         """A value in a sentence: ``12.34% test error``, ``test loss 1.2345

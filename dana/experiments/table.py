@@ -66,8 +66,9 @@ def error_cell(group: Group | None, seeds: int) -> str:
             return "diverged" if diverged == n else f"diverged ({diverged}/{n})"
         return "failed" if group.failed == n and n else "pending"
     metric = group.metric
-    text = metric.number(errors.mean()) + (
-        f" ± {metric.number(errors.std(ddof=1))}" if len(errors) > 1 else ""
+    shown, digits = metric.scale * errors, metric.digits
+    text = f"{shown.mean():.{digits}f}" + (
+        f" ± {shown.std(ddof=1):.{digits}f}" if len(errors) > 1 else ""
     )
     if metric.perplexity:
         text += f" (perplexity {perplexity_text(errors.mean())})"

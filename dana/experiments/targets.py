@@ -168,7 +168,7 @@ def choose_targets(results: Results, target: float | None = None) -> list[Target
             Target(
                 value + offset,
                 f"the one-worker baseline's final {metric.name} + {offset:g} = "
-                f"{metric.number(value)} + {offset:g} = {metric.show(value + offset)}",
+                f"{value:.4f} + {offset:g} = {metric.show(value + offset)}",
             )
             for offset in metric.offsets
         ]
