@@ -25,15 +25,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dana import algorithms
 from dana.sim.compute import auto_batch_workers
 from dana.sim.simulator import Simulator
 from dana.train.batches import BatchStream
+from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
 from dana.train.flat import FlatModel, LossFn
 from dana.train.pushlog import PushLog
 from dana.train.resources import check_threads, default_threads
-from dana.train.schedule import LRSchedule
+from dana.train.runner import build_schedule
 from dana.train.stacked import GradientSource
 
 
@@ -58,19 +58,20 @@ def simulate(
     x: Tensor,
     y: Tensor,
     *,
-    algorithm: str = "dana-slim",
-    workers: int = 8,
-    lr: float = 0.1,
-    momentum: float = 0.9,
-    weight_decay: float = 0.0,
-    epochs: float = 1.0,
-    batch_size: int = 128,
+    algorithm: str = TrainConfig.algorithm,
+    workers: int = TrainConfig.workers,
+    lr: float = TrainConfig.lr,
+    momentum: float = TrainConfig.momentum,
+    weight_decay: float = TrainConfig.weight_decay,
+    epochs: float = TrainConfig.epochs,
+    batch_size: int = TrainConfig.batch_size,
     loss_fn: LossFn = F.cross_entropy,
-    timing: str = "gamma",
+    timing: str = TrainConfig.timing,
     timing_params: dict[str, Any] | None = None,
-    warmup_epochs: float = 0.0,
-    decay_epochs: Sequence[float] = (),
-    seed: int = 0,
+    warmup_epochs: float | None = None,
+    decay_epochs: Sequence[float] | None = None,
+    decay_factor: float = TrainConfig.lr_decay_factor,
+    seed: int = TrainConfig.seed,
     callback: Callable[[Simulator], bool | None] | None = None,
     threads: int | None = None,
     device: str | torch.device = "cpu",
@@ -79,10 +80,19 @@ def simulate(
 ) -> SimulationResult:
     """Train ``model`` on ``(x, y)`` with ``workers`` simulated asynchronous workers.
 
+    The defaults and the checks are ``dana train``'s (:class:`~dana.train.config.TrainConfig`):
+    ``dana-slim``, 8 workers, 3 epochs of batches of 128 per worker, lr 0.005, momentum
+    0.9, weight decay 1e-4, ``gamma`` timing; ``warmup_epochs=None``: the automatic
+    warm-up from ``lr/k`` (60 steps per worker, within 1/8 and 2/3 of the run);
+    ``decay_epochs=None``: one decay x``decay_factor`` at 9/10 of the run (``[]``: none).
+    A bad argument raises :class:`~dana.errors.ConfigError` (a ``ValueError``) saying
+    what it accepts, as ``dana train`` does.
+
     ``algorithm`` is any name in :data:`dana.algorithms.ALGORITHMS`; ``momentum`` is
     passed to it when it takes one, and ``hparams`` (``lc=...``, ``nesterov=...``) too.
     At the end ``model`` holds the master's parameters (for ``dana-slim`` the
-    look-ahead, as the paper evaluates it).
+    look-ahead, as the paper evaluates it). ``callback(sim)`` runs after every step;
+    returning True stops the run.
 
     ``threads``: the number of CPU threads the simulation uses (torch's intra-op
     threads; default 1, or ``OMP_NUM_THREADS`` where set, which holds up when other
@@ -97,18 +107,35 @@ def simulate(
     workers in one vectorised call (``"auto"``: as many as fit the device), as
     ``dana train --batch-workers`` (docs/ALGORITHMS.md, "Batched and threaded
     gradients").
+
+    ``dana.fit`` runs the whole loop of ``dana train`` (evaluations, a run directory,
+    either backend); this is the simulator alone, with the :class:`Simulator` at hand.
     """
+    where = resolve_device(device)
+    config = TrainConfig(
+        algorithm=algorithm,
+        workers=workers,
+        dataset="user",
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        lr_decay_epochs=None if decay_epochs is None else [float(e) for e in decay_epochs],
+        lr_decay_factor=decay_factor,
+        warmup_epochs=warmup_epochs,
+        timing=timing,
+        timing_params=dict(timing_params or {}),
+        algorithm_params=hparams,
+        seed=seed,
+        device=where.type,
+        batch_workers=batch_workers,
+    ).validate()
     previous = torch.get_num_threads()
     threads = check_threads(default_threads() if threads is None else threads)
     torch.set_num_threads(threads)
     try:
-        return _simulate(
-            model, x, y, algorithm=algorithm, workers=workers, lr=lr, momentum=momentum,
-            weight_decay=weight_decay, epochs=epochs, batch_size=batch_size, loss_fn=loss_fn,
-            timing=timing, timing_params=timing_params, warmup_epochs=warmup_epochs,
-            decay_epochs=decay_epochs, seed=seed, callback=callback, threads=threads,
-            device=resolve_device(device), batch_workers=batch_workers, **hparams,
-        )  # fmt: skip
+        return _simulate(model, x, y, config, loss_fn, callback, threads, where)
     finally:
         torch.set_num_threads(previous)
 
@@ -117,34 +144,17 @@ def _simulate(
     model: nn.Module,
     x: Tensor,
     y: Tensor,
-    *,
-    algorithm: str,
-    workers: int,
-    lr: float,
-    momentum: float,
-    weight_decay: float,
-    epochs: float,
-    batch_size: int,
+    config: TrainConfig,
     loss_fn: LossFn,
-    timing: str,
-    timing_params: dict[str, Any] | None,
-    warmup_epochs: float,
-    decay_epochs: Sequence[float],
-    seed: int,
     callback: Callable[[Simulator], bool | None] | None,
     threads: int,
     device: torch.device,
-    batch_workers: int | str,
-    **hparams: Any,
 ) -> SimulationResult:
-    names = algorithms.hparam_names(algorithm)
-    if "momentum" in names:
-        hparams.setdefault("momentum", momentum)
-    algo = algorithms.build(algorithm, **hparams)
+    algo = config.build_algorithm()
     flat = FlatModel(model.to(device))
     x, y = x.to(device), y.to(device)
-    batches = BatchStream(len(x), batch_size, seed=seed)
-    schedule = LRSchedule(lr, workers, warmup_epochs, tuple(decay_epochs))
+    batches = BatchStream(len(x), config.batch_size, seed=config.seed)
+    schedule = build_schedule(config, batches.batches_per_epoch)
 
     def inputs(rows: Tensor) -> tuple[Tensor, Tensor]:
         rows = rows.to(device)
@@ -154,12 +164,11 @@ def _simulate(
         return flat.gradient(params, *inputs(rows), loss_fn)
 
     source = GradientSource(flat, loss_fn, inputs)
+    batch_workers = config.batch_workers
     if batch_workers == "auto":
-        batch_workers = auto_batch_workers(source, workers, torch.arange(batch_size), device)
-    if not (isinstance(batch_workers, int) and not isinstance(batch_workers, bool)) or (
-        batch_workers < 1
-    ):
-        raise ValueError(f"batch_workers must be an integer >= 1 or 'auto', got {batch_workers!r}")
+        batch_workers = auto_batch_workers(
+            source, config.workers, torch.arange(config.batch_size), device
+        )
     if batch_workers > 1 or device.type != "cpu":
         threads = 1  # (the batched call or the GPU: torch's intra-op threads, as set)
 
@@ -168,17 +177,17 @@ def _simulate(
         flat.flat.clone(),
         gradient,
         batches,
-        workers,
+        config.workers,
         lr=schedule,
-        weight_decay=weight_decay,
-        timing=timing,
-        timing_params=timing_params,
-        seed=seed,
+        weight_decay=config.weight_decay,
+        timing=config.timing,
+        timing_params=config.timing_params,
+        seed=config.seed,
         batch_workers=batch_workers,
         threads=threads,
         source=source if batch_workers > 1 or threads > 1 else None,
     )
-    sim.run(epochs=epochs, callback=callback)
+    sim.run(epochs=config.epochs, callback=callback)
     if sim.engine is not None and hasattr(sim.engine, "close"):
         sim.engine.close()
     with torch.no_grad():

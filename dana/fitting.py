@@ -41,7 +41,7 @@ from torch.utils.data import default_collate
 
 from dana.data import Dataset
 from dana.errors import ConfigError, DanaError
-from dana.train.backends import runner_class
+from dana.train.backends import check_name, runner_class
 from dana.train.batches import BatchStream
 from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
@@ -225,37 +225,46 @@ def fit(
     test: Data | None = None,
     *,
     loss_fn: LossFn = F.cross_entropy,
-    algorithm: str = "dana-slim",
-    workers: int = 8,
-    lr: float = 0.1,
-    momentum: float = 0.9,
-    weight_decay: float = 0.0,
-    epochs: float = 1.0,
-    batch_size: int = 128,
-    warmup_epochs: float = 0.0,
-    decay_epochs: Sequence[float] = (),
-    decay_factor: float = 0.1,
-    eval_every: float = 1.0,
-    timing: str = "gamma",
+    algorithm: str = TrainConfig.algorithm,
+    workers: int = TrainConfig.workers,
+    lr: float = TrainConfig.lr,
+    momentum: float = TrainConfig.momentum,
+    weight_decay: float = TrainConfig.weight_decay,
+    epochs: float = TrainConfig.epochs,
+    batch_size: int = TrainConfig.batch_size,
+    warmup_epochs: float | None = None,
+    decay_epochs: Sequence[float] | None = None,
+    decay_factor: float = TrainConfig.lr_decay_factor,
+    eval_every: float = TrainConfig.eval_every,
+    timing: str = TrainConfig.timing,
     timing_params: dict[str, Any] | None = None,
     max_staleness: int | None = None,
-    seed: int = 0,
-    dtype: str = "float32",
-    backend: str = "sim",
+    seed: int = TrainConfig.seed,
+    dtype: str = TrainConfig.dtype,
+    backend: str = TrainConfig.backend,
     address: str | None = None,
-    servers: int = 1,
-    standby: bool = True,
+    servers: int = TrainConfig.servers,
+    standby: bool = TrainConfig.standby,
     device: str | torch.device = "cpu",
     batch_workers: int | str = 1,
     threads: int | None = None,
-    time_scale: float = 0.0,
+    time_scale: float = TrainConfig.time_scale,
     out: str | Path | None = None,
     progress: bool = False,
     mlflow: str | None = None,
-    mlflow_experiment: str = "dana",
+    mlflow_experiment: str = TrainConfig.mlflow_experiment,
     **hparams: Any,
 ) -> FitResult:
     """Train ``model`` on ``train`` with ``workers`` asynchronous workers; a :class:`FitResult`.
+
+    The defaults and the checks are ``dana train``'s (:class:`~dana.train.config.TrainConfig`):
+    ``dana-slim``, 8 workers, 3 epochs of batches of 128 per worker, lr 0.005, momentum
+    0.9, weight decay 1e-4, ``gamma`` timing, an evaluation every epoch; ``warmup_epochs
+    =None``: the automatic warm-up from ``lr/k`` (60 steps per worker, within 1/8 and 2/3
+    of the run); ``decay_epochs=None``: one decay x``decay_factor`` at 9/10 of the run
+    (``[]``: none). A bad argument raises :class:`~dana.errors.ConfigError` (a
+    ``ValueError``) saying what it accepts, as ``dana train`` does. ``backend``: any
+    registered runner (:data:`dana.train.backends.RUNNERS`: ``sim``, ``ray``).
 
     ``model``: a module (its current parameters are the start; on Ray each worker gets a
     copy), or a zero-argument factory (called after ``torch.manual_seed(seed)``, once
@@ -276,8 +285,7 @@ def fit(
     ``mlflow``: also track the run there, as ``dana train --mlflow`` does. The
     simulator on a GPU is tested where one is lent (the tests marked ``cuda``).
     """
-    if backend not in ("sim", "ray"):
-        raise ConfigError(f"backend {backend!r} is unknown; choose 'sim' or 'ray'")
+    check_name(backend, "backend")
     where = resolve_device(device)
     threads = check_threads(default_threads() if threads is None else threads)
     config = TrainConfig(
@@ -291,7 +299,7 @@ def fit(
         lr=lr,
         momentum=momentum,
         weight_decay=weight_decay,
-        lr_decay_epochs=[float(e) for e in decay_epochs],
+        lr_decay_epochs=None if decay_epochs is None else [float(e) for e in decay_epochs],
         lr_decay_factor=decay_factor,
         warmup_epochs=warmup_epochs,
         timing=timing,
@@ -356,12 +364,9 @@ def _run_on(
 ) -> FitResult:
     from dana.version import __version__
 
-    if config.backend == "ray":
-        from dana.ps.cluster import import_ray
-
-        import_ray()
-    extra = {"threads": threads} if config.backend == "sim" else {}
-    runner: Any = runner_class(config.backend)(config, run, problem, **extra)
+    runner_cls = runner_class(config.backend)
+    runner_cls.check(config, problem)
+    runner: Any = runner_cls(config, run, problem, threads=threads)
     start_run(run, config, __version__)
     title = f"{config.algorithm}, k={config.workers}, {config.model}"
     try:
@@ -375,19 +380,13 @@ def _run_on(
             "node (runtime_env working_dir or py_modules), or call "
             "ray.cloudpickle.register_pickle_by_value(module) before dana.fit"
         ) from None
-    if config.backend == "ray":
-        log, final = runner.merger.log, runner.final_params
-        if final is None:  # (no evaluation came back: the run stopped at once)
-            final = problem.initial_params()
-    else:
-        log, final = runner.sim.log, runner.sim.params()
     with torch.no_grad():
-        problem.flat.load(final)
+        problem.flat.load(runner.final_params())
     return FitResult(
         problem.flat.module,
         [dict(r) for r in runner.rows],
         summary,
-        log,
+        runner.log,
         config.backend,
         problem=problem,
     )

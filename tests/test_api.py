@@ -71,8 +71,9 @@ def test_simulate_trains_and_leaves_the_master_params_in_the_model():
     model = _model()
     before = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
     result = dana.simulate(
-        model, x, y, algorithm="dana-zero", workers=4, lr=0.05, epochs=2, batch_size=16
-    )
+        model, x, y, algorithm="dana-zero", workers=4, lr=0.05, epochs=2, batch_size=16,
+        warmup_epochs=0, decay_epochs=[], weight_decay=0,
+    )  # fmt: skip
     after = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
     assert not torch.equal(before, after)
     assert torch.equal(after, result.simulator.params())
@@ -102,3 +103,33 @@ def test_simulate_passes_hyper_parameters():
         dana.simulate(_model(), x, y, algorithm="dana-fat")
     with pytest.raises(ValueError, match="'lc'"):
         dana.simulate(_model(), x, y, algorithm="dana-slim", lc=1.0)
+
+
+def test_simulate_and_fit_take_dana_trains_defaults_and_checks():
+    """One set of defaults for the three entries (TrainConfig's), and dana train's
+    checks: a bad argument is a ConfigError (a ValueError) saying what it accepts."""
+    import inspect
+
+    from dana.errors import ConfigError
+    from dana.train.config import TrainConfig
+    from dana.train.runner import build_schedule
+
+    defaults = TrainConfig()
+    for entry in (dana.simulate, dana.fit):
+        params = inspect.signature(entry).parameters
+        for name in ("algorithm", "workers", "lr", "momentum", "weight_decay", "epochs",
+                     "batch_size", "timing", "seed"):  # fmt: skip
+            assert params[name].default == getattr(defaults, name), (entry.__name__, name)
+        assert params["warmup_epochs"].default is None  # automatic, as dana train's
+        assert params["decay_epochs"].default is None
+    x, y = _data()
+    r = dana.simulate(_model(), x, y, workers=4, epochs=2, batch_size=16)
+    config = TrainConfig(workers=4, epochs=2, batch_size=16)
+    want = build_schedule(config, 256 // 16)
+    for epoch in (0.0, 0.3, 1.0, 1.9):
+        assert r.simulator.schedule(epoch) == want(epoch)
+    assert r.simulator.weight_decay == 1e-4
+    with pytest.raises(ConfigError, match="workers must be an integer >= 1"):
+        dana.simulate(_model(), x, y, workers=0)
+    with pytest.raises(ConfigError, match="must be a number"):
+        dana.simulate(_model(), x, y, lr=float("nan"))

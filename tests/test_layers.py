@@ -178,3 +178,49 @@ def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 )
 def test_the_cycle_finder_finds_cycles(edges, cycle):
     assert _find_cycle(edges) == cycle
+
+
+def test_a_runner_from_the_recipe_works_from_dana_train_and_dana_fit(tmp_path, monkeypatch):
+    """docs/ARCHITECTURE.md's "A new runner": a class on the floor (tests/toy_runner.py)
+    and one entry in the registry, and both entries find it: `dana train --backend toy`
+    and `dana.fit(backend="toy")`."""
+    import json
+
+    import torch
+
+    import dana
+    from dana.cli import main
+    from dana.train.backends import RUNNERS, Backend
+    from dana.train.rundir import RunDir
+
+    monkeypatch.setitem(RUNNERS, "toy", Backend("toy_runner", "ToyRun", deterministic=True))
+    out = tmp_path / "cli"
+    args = ["train", "--backend", "toy", "--dataset", "synthetic", "--model", "mlp",
+            "--train-size", "512", "--test-size", "128", "--batch-size", "32", "--workers",
+            "3", "--epochs", "2", "--lr", "0.05", "--out", str(out), "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["pushes"] == 2 * 512 // 32
+    assert json.loads((out / "config.json").read_text())["backend"] == "toy"
+    # round robin is the simulator on constant timing: the same run
+    sim_out = tmp_path / "sim"
+    sim_args = [a if a != "toy" else "sim" for a in args]
+    sim_args[sim_args.index(str(out))] = str(sim_out)
+    assert main([*sim_args, "--timing", "constant"]) == 0
+    rows = [(r["updates"], r["test_loss"], r["test_error"]) for r in RunDir(out).read_metrics()]
+    assert rows == [
+        (r["updates"], r["test_loss"], r["test_error"]) for r in RunDir(sim_out).read_metrics()
+    ]
+    assert rows[-1][2] < rows[0][2]
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 6, generator=g)
+    y = (x[:, 0] > 0).long()
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    result = dana.fit(model, (x, y), backend="toy", workers=2, epochs=2, batch_size=32, lr=0.05)
+    assert result.backend == "toy" and len(result.log) == result.summary["pushes"] == 16
+    assert result.summary["final_test_error"] < 0.3
+    # the model holds the runner's final parameters
+    flat = torch.nn.utils.parameters_to_vector(result.model.parameters())
+    assert torch.equal(flat, result.problem.flat.flat)
+    assert main(["train", "--backend", "nope", "--out", str(tmp_path / "x"), "--quiet"]) == 2

@@ -7,9 +7,9 @@ the run's ``config.json`` with ``dana_version`` aside, an option the run predate
 counting at its default (as a sweep compares a run it finds in its own directory); a run
 whose ``summary.json`` records other hyper-parameters of its algorithm than the settings
 give now (a default changed since) is not reused (one that predates the record is). Only
-simulator runs are reused: the simulator is deterministic, so the same settings give the
-same run, and a study that shares cells with another need not compute them twice (a
-Ray run is one draw of its timings, not the run).
+runs of a deterministic backend are reused (the simulator's: the same settings give the
+same run, and a study that shares cells with another need not compute them twice; a Ray
+run is one draw of its timings, not the run).
 
 What is copied: the run's own files (``config.json``, ``metrics.csv``,
 ``summary.json``, ``curves.png``, ``step_times.csv``, ``dist.json``; never
@@ -27,6 +27,8 @@ from typing import Any
 
 from dana.errors import ConfigError, DanaError
 from dana.experiments.layout import hparams_differ, run_settings
+from dana.train.backends import RUNNERS
+from dana.train.config import TrainConfig
 from dana.train.rundir import RUN_FILES, RunDir
 
 #: The suffix of the temporary folder a copy is made in.
@@ -60,7 +62,8 @@ class ReusableRuns:
                     config = run.read_config()
                 except DanaError:  # an unreadable record is not a run to reuse
                     continue
-                if config.get("backend", "sim") == "sim":
+                backend = RUNNERS.get(config.get("backend", TrainConfig.backend))
+                if backend is not None and backend.deterministic:
                     self.runs.setdefault(settings_key(config), run_path)
 
     def __len__(self) -> int:

@@ -52,6 +52,8 @@ import time
 from collections import Counter
 from typing import Any
 
+from torch import Tensor
+
 from dana.algorithms.base import Algorithm
 from dana.atomic import write_text_atomic
 from dana.errors import ConfigError, DanaError
@@ -75,6 +77,7 @@ from dana.train.gate import bounds_staleness
 from dana.train.metrics import Position, summarize
 from dana.train.problem import Problem
 from dana.train.progress import Progress
+from dana.train.pushlog import PushLog
 from dana.train.rundir import RunDir
 from dana.train.runner import stop_points
 from dana.train.timing import write_trace
@@ -89,6 +92,8 @@ class RayRun:
         run: RunDir,
         problem: Problem,
         algorithm: Algorithm | None = None,
+        *,
+        threads: int = 1,  # (the work runs in the actors, one thread each)
     ):
         self.config, self.run, self.problem = config, run, problem
         # Built once (by train(), or here from the config): the actors get this object.
@@ -97,8 +102,6 @@ class RayRun:
         )
         self.k, self.S = config.workers, config.servers
         self.d = problem.flat.d
-        if self.S > self.d:
-            raise ConfigError(f"--servers {self.S} is more than the model's {self.d} parameters")
         self.batches_per_epoch = problem.dataset.train_size // config.batch_size
         self.synchronous = algorithm.synchronous
         # Bounded staleness (ssgd ignores it): shard 0 gates. Shard 0 relays every call to
@@ -125,10 +128,25 @@ class RayRun:
     def rows(self) -> list[dict[str, float]]:
         return self.points.rows
 
+    @classmethod
+    def check(cls, config: TrainConfig, problem: Problem) -> None:
+        """Ray must be importable (:func:`~dana.ps.cluster.import_ray` says how to get
+        it); the shards must not outnumber the parameters."""
+        import_ray()
+        if config.servers > problem.flat.d:
+            raise ConfigError(
+                f"--servers {config.servers} is more than the model's {problem.flat.d} parameters"
+            )
+
     @property
-    def final_params(self) -> Any:
-        """The parameters of the last evaluation (the end of the run)."""
-        return self.points.final_params
+    def log(self) -> PushLog:
+        return self.merger.log
+
+    def final_params(self) -> Tensor:
+        """The parameters of the last evaluation (the end of the run; the initial ones
+        when no evaluation came back)."""
+        final = self.points.final_params
+        return self.problem.initial_params() if final is None else final
 
     @property
     def epoch(self) -> float:

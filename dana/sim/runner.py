@@ -27,6 +27,8 @@ from dana.train.config import TrainConfig
 from dana.train.metrics import Position, divergence_row, metrics_row, summarize
 from dana.train.problem import Problem
 from dana.train.progress import Progress
+from dana.train.pushlog import PushLog
+from dana.train.resources import check_memory
 from dana.train.rundir import RunDir
 from dana.train.runner import build_schedule, stop_points
 from dana.train.stacked import running_buffers
@@ -70,6 +72,7 @@ class SimRun:
         run: RunDir,
         problem: Problem,
         algorithm: Algorithm | None = None,
+        *,
         threads: int = 1,
     ):
         self.config, self.run, self.problem = config, run, problem
@@ -98,6 +101,19 @@ class SimRun:
         self.logged = 0  # pushes already summarised in a metrics row
         self.wall_before = 0.0  # wall seconds spent before a resume
         self.diverged_at: int | None = None
+
+    @classmethod
+    def check(cls, config: TrainConfig, problem: Problem) -> None:
+        """The per-worker state of ``k`` workers must fit in memory
+        (:func:`~dana.train.resources.check_memory`)."""
+        check_memory(config, problem.flat.d)
+
+    @property
+    def log(self) -> PushLog:
+        return self.sim.log
+
+    def final_params(self) -> torch.Tensor:
+        return self.sim.params()
 
     # -- state --------------------------------------------------------------------------
     def state_dict(self, wall: float) -> dict[str, Any]:

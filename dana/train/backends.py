@@ -3,7 +3,10 @@
 The floor names each runner by its module and class, and imports it only when a run
 asks for it: the floor imports no runner, and a backend's optional dependency (Ray) is
 needed only by its runs. A runner follows :class:`dana.train.runners.Runner`; adding
-one is one line in :data:`RUNNERS`.
+one is one line in :data:`RUNNERS` (or a call of :func:`register`). Nothing outside the
+runners and this table tests a backend's name: what the package may assume of a
+backend's runs is its entry's data (``deterministic``, ``wall_clock``), and what a
+run needs of its runner is the protocol.
 """
 
 from __future__ import annotations
@@ -12,29 +15,59 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from dana.errors import DanaError
+from dana.errors import ConfigError, DanaError
 
 
 @dataclass(frozen=True)
 class Backend:
-    """A runner by name: ``module:cls``, and the module it needs (with how to get it)."""
+    """A runner by name: ``module:cls``, the module it needs (with how to get it), and
+    what the rest of the package may assume of its runs:
+
+    - ``deterministic``: the same settings give the same run, bit for bit (``dana sweep
+      --reuse`` copies a finished run of the same settings instead of running it);
+    - ``wall_clock``: its workers run on real time, so a rule that sizes each worker's
+      work by its speed (Dynamic Local Updates) learns the speeds only from emulated
+      step times (``--time-scale``)."""
 
     module: str
     cls: str
     needs: str | None = None
     install: str = ""
+    deterministic: bool = False
+    wall_clock: bool = False
 
 
-#: The runners, by ``--backend`` name.
+#: The runners, by ``--backend`` name (:func:`register` adds one).
 RUNNERS: dict[str, Backend] = {
-    "sim": Backend("dana.sim.runner", "SimRun"),
-    "ray": Backend("dana.ps.launcher", "RayRun", needs="ray", install="pip install 'ray>=2.9'"),
+    "sim": Backend("dana.sim.runner", "SimRun", deterministic=True),
+    "ray": Backend(
+        "dana.ps.launcher",
+        "RayRun",
+        needs="ray",
+        install="pip install 'ray>=2.9'",
+        wall_clock=True,
+    ),
 }
+
+
+def register(name: str, backend: Backend) -> Backend:
+    """Add a runner under ``name`` (``--backend name``, ``dana.fit(backend=name)``)."""
+    if name in RUNNERS and RUNNERS[name] != backend:
+        raise ValueError(f"a backend named {name!r} is already registered")
+    RUNNERS[name] = backend
+    return backend
+
+
+def check_name(name: Any, flag: str = "--backend") -> Backend:
+    """The backend ``name``; ConfigError naming the registered ones if there is none."""
+    if not isinstance(name, str) or name not in RUNNERS:
+        raise ConfigError(f"{flag} {name!r} is unknown; choose one of: {', '.join(RUNNERS)}")
+    return RUNNERS[name]
 
 
 def check_backend(name: str) -> Backend:
     """The backend ``name``, once its optional dependency is importable."""
-    backend = RUNNERS[name]
+    backend = check_name(name)
     if backend.needs is not None:
         try:
             importlib.import_module(backend.needs)

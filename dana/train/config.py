@@ -27,10 +27,9 @@ import yaml
 from dana import algorithms
 from dana.algorithms.base import Algorithm
 from dana.errors import ConfigError
-from dana.train.backends import RUNNERS
+from dana.train.backends import check_name
 from dana.train.timing import TIMING_MODELS
 
-BACKENDS = tuple(RUNNERS)
 LR_SCALINGS = ("none", "linear")
 #: The automatic warm-up gives each worker this many steps (the paper's protocol gives
 #: ~61 at k = 32); see TrainConfig.warmup_epochs_for.
@@ -163,6 +162,7 @@ class TrainConfig:
         what it got."""
         for name, rule in SCHEMA.items():
             rule.check(name, getattr(self, name))
+        backend = check_name(self.backend)
         if self.algorithm not in algorithms.ALGORITHMS:
             raise ConfigError(
                 f"--algorithm {self.algorithm!r} is unknown{algorithms.did_you_mean(self.algorithm)}"
@@ -197,12 +197,13 @@ class TrainConfig:
             from dana.train.device import check_cuda
 
             check_cuda("--device cuda")
-        if self.build_algorithm().uses_speed and self.backend == "ray" and self.time_scale <= 0:
+        if self.build_algorithm().uses_speed and backend.wall_clock and self.time_scale <= 0:
             raise ConfigError(
                 f"--algorithm {self.algorithm} with dynamic_steps sizes each worker's local "
-                "phase by its speed relative to the fastest worker's, which a Ray worker "
-                "knows only from the emulated step times: pass --time-scale S > 0 (with "
-                "--timing heterogeneous or trace), or set dynamic_steps to false"
+                f"phase by its speed relative to the fastest worker's, which a worker of "
+                f"--backend {self.backend} knows only from the emulated step times: pass "
+                "--time-scale S > 0 (with --timing heterogeneous or trace), or set "
+                "dynamic_steps to false"
             )
         return self
 
@@ -355,7 +356,7 @@ SCHEMA: dict[str, Rule] = {
     "mlflow": Rule(str, optional=True),
     "mlflow_experiment": Rule(str),
     "dtype": Rule(str, choices=DTYPES),
-    "backend": Rule(str, choices=BACKENDS),
+    "backend": Rule(str),  # a registered runner: checked in validate (dana.train.backends)
     "address": Rule(str, optional=True),
     "servers": Rule(int, low=1),
     "standby": Rule(bool),

@@ -24,7 +24,6 @@ from dana.train.backends import check_backend, runner_class
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
 from dana.train.progress import Progress
-from dana.train.resources import check_memory
 from dana.train.rundir import SETTINGS_KEY, RunDir, check_local
 from dana.train.schedule import LRSchedule
 
@@ -95,8 +94,8 @@ def train(
         import_mlflow()
     algorithm = config.build_algorithm()
     problem = Problem(config)  # loads data and builds the model: bad input fails here
-    if config.backend == "sim":
-        check_memory(config, problem.flat.d)
+    runner_cls = runner_class(config.backend)
+    runner_cls.check(config, problem)
     run.settings = json.dumps(config.to_dict(), sort_keys=True)
     run.derived = dict(problem.derived)
     state = None
@@ -105,8 +104,7 @@ def train(
         state = run.load_checkpoint()
     created = not run.path.exists()
     try:
-        extra = {"threads": threads} if config.backend == "sim" else {}
-        runner = runner_class(config.backend)(config, run, problem, algorithm, **extra)
+        runner = runner_cls(config, run, problem, algorithm, threads=threads)
         if state is not None:
             _check_settings(run, state.pop(SETTINGS_KEY, None), config)
             try:
@@ -175,7 +173,7 @@ def execute_run(
 
 def _check_settings(run: RunDir, saved: Any, config: TrainConfig) -> None:
     """DanaError if ``config.json`` no longer holds the settings the checkpoint was
-    written with: a resumed run continues exactly the run it was (README, "Resuming")."""
+    written with: a resumed run continues exactly the run it was (docs/USAGE.md, "Resuming")."""
     if saved is None:
         return  # a checkpoint of an older version: it holds no settings to compare
     try:

@@ -13,20 +13,30 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from torch import Tensor
+
 from dana.algorithms.base import Algorithm
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
 from dana.train.progress import Progress
+from dana.train.pushlog import PushLog
 from dana.train.rundir import RunDir
 
 
 class Runner(Protocol):
-    """What :func:`dana.train.runner.train` asks of a runner.
+    """What :func:`dana.train.runner.train` and :func:`dana.fit` ask of a runner.
 
-    ``rows``: the metrics rows so far (those of a checkpoint after
-    :meth:`load_state_dict`); :meth:`execute` runs to the end, writes ``metrics.csv``
-    (and checkpoints) through the :class:`RunDir` and returns the summary
-    (:func:`dana.train.metrics.summarize`).
+    - :meth:`check` (a class method): what this backend refuses of a config and its
+      problem, before anything is written (the simulator: per-worker state that does
+      not fit in memory), raising :class:`~dana.errors.ConfigError`;
+    - ``threads``: the CPU threads the run may use (``dana train --threads``; a runner
+      whose work runs elsewhere may ignore it);
+    - ``rows``: the metrics rows so far (those of a checkpoint after
+      :meth:`load_state_dict`);
+    - :meth:`execute` runs to the end, writes ``metrics.csv`` (and checkpoints) through
+      the :class:`RunDir` and returns the summary (:func:`dana.train.metrics.summarize`);
+    - then ``log``, the per-push log (:class:`~dana.train.pushlog.PushLog`), and
+      :meth:`final_params`, the master's parameters at the end as evaluated.
     """
 
     rows: list[dict[str, float]]
@@ -37,8 +47,18 @@ class Runner(Protocol):
         run: RunDir,
         problem: Problem,
         algorithm: Algorithm | None = None,
+        *,
+        threads: int = 1,
     ) -> None: ...
+
+    @classmethod
+    def check(cls, config: TrainConfig, problem: Problem) -> None: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def execute(self, progress: Progress) -> dict[str, Any]: ...
+
+    @property
+    def log(self) -> PushLog: ...
+
+    def final_params(self) -> Tensor: ...
