@@ -43,7 +43,7 @@ def test_load_model_gives_the_last_evaluated_model(tmp_path):
     assert isinstance(model, torch.nn.Module) and not model.training
     state = RunDir(out).load_checkpoint()  # the end state (the last checkpoint)
     assert state["sim"]["updates"] == summary["updates"]
-    assert torch.equal(flat(model), state["problem"]["evaluated"])
+    assert torch.equal(flat(model), state["sim"]["master"]["theta"])  # dana-slim: Theta
     buffers = dict(model.named_buffers())
     for name, value in state["problem"]["buffers"].items():  # BatchNorm's statistics
         assert torch.equal(buffers[name], value), name

@@ -66,8 +66,6 @@ class Problem:
         self.loss_fn = token_cross_entropy if ds.kind == "tokens" else F.cross_entropy
         #: Columns of metrics.csv computed from each row (a language model's perplexity).
         self.derived = {"test_perplexity": perplexity} if ds.kind == "tokens" else {}
-        #: The parameters of the last evaluation (the model a run keeps), on the CPU.
-        self.evaluated: Tensor | None = None
         if config.batch_size > ds.train_size:
             from dana.errors import ConfigError
 
@@ -123,9 +121,8 @@ class Problem:
 
     def evaluate(self, params: Tensor) -> tuple[float, float]:
         """(test loss, test error) at ``params`` (the error of a language model: the
-        next-token error); ``params`` are kept as :attr:`evaluated`."""
+        next-token error)."""
         ds = self.dataset
-        self.evaluated = params.detach().to("cpu", copy=True)
         return self.flat.evaluate(params, ds.test_x, ds.test_y, self.loss_fn)
 
     def model_info(self) -> dict[str, Any]:
@@ -139,26 +136,19 @@ class Problem:
             info.update(in_channels=ds.channels, image_size=ds.image_size)
         return info
 
-    def save_model(self, path: str | Path) -> Path | None:
-        """Write the model at the parameters of the last evaluation to ``path`` (a run
-        directory: its ``model.safetensors``; :mod:`dana.train.modelfile`); None, writing
-        nothing, when nothing was evaluated."""
-        if self.evaluated is None:
-            return None
+    def save_model(self, path: str | Path, params: Tensor) -> Path:
+        """Write the model at ``params`` (a run's final parameters, as evaluated), with
+        its buffers, to ``path`` (a run directory: its ``model.safetensors``;
+        :mod:`dana.train.modelfile`)."""
         from dana.train.modelfile import save_model
 
         flat = self.flat
         with torch.no_grad():
-            flat.load(self.evaluated.to(flat.flat.device, flat.flat.dtype))
+            flat.load(params.to(flat.flat.device, flat.flat.dtype))
         return save_model(path, flat.module, self.model_info())
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"buffers": self.flat.buffers_state()}
-        if self.evaluated is not None:
-            state["evaluated"] = self.evaluated.clone()
-        return state
+        return {"buffers": self.flat.buffers_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.flat.load_buffers_state(state["buffers"])
-        if "evaluated" in state:  # (a checkpoint of an older version has none)
-            self.evaluated = state["evaluated"].clone()

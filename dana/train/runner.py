@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from torch import Tensor
+
 from dana.errors import DanaError
 from dana.train.backends import check_backend, runner_class
 from dana.train.config import TrainConfig
@@ -118,7 +120,12 @@ def train(
             run.open_tensorboard()
         title = f"{config.algorithm}, k={config.workers}, {config.model} on {config.dataset}"
         summary = execute_run(
-            runner, config, run, title, progress, keep_model=lambda: problem.save_model(run.path)
+            runner,
+            config,
+            run,
+            title,
+            progress,
+            keep_model=lambda p: problem.save_model(run.path, p),
         )
     except DanaError:
         if not resume and not (run.checkpoint.is_file() or run.metrics.is_file()):
@@ -139,13 +146,13 @@ def execute_run(
     run: RunDir,
     title: str,
     progress: bool,
-    keep_model: Callable[[], Any] | None = None,
+    keep_model: Callable[[Tensor], Any] | None = None,
 ) -> dict[str, Any]:
     """A run's life on any runner, as ``dana train`` and :func:`dana.fit` live it: track it
     in MLflow (``config.mlflow``), ``runner.execute`` with a progress reporter titled
     ``title``, close the run directory's writers whatever happens, then write
-    ``summary.json``, the final model (``keep_model()``: ``model.safetensors``) and the
-    curves, and finish the MLflow run (the model among its artifacts). A failure (an
+    ``summary.json``, the final model (``keep_model(runner.final_params())``:
+    ``model.safetensors``) and the curves, and finish the MLflow run (the model among its artifacts). A failure (an
     interruption too) marks the MLflow run failed and propagates. The summary."""
     tracker = None
     if config.mlflow:
@@ -162,7 +169,7 @@ def execute_run(
     finally:
         run.close()
     if keep_model is not None:
-        keep_model()
+        keep_model(runner.final_params())
     run.write_summary(summary)
     if runner.rows:
         run.write_plot(runner.rows, title)
