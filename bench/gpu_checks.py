@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import dana  # noqa: E402
 from dana.train.config import TrainConfig  # noqa: E402
-from dana.train.runner import train  # noqa: E402
+from dana.train.training import train  # noqa: E402
 
 ALGORITHMS = ["dana-slim", "dana-zero", "nag-asgd", "asgd", "gap-aware"]
 

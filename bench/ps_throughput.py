@@ -321,7 +321,7 @@ def dana_servers(d: int, workers: int, servers: int) -> list[Any]:
 
 
 class RelayedServers:
-    """dana's servers as a run has them (:class:`dana.ps.launcher.RayRun`): named shards,
+    """dana's servers as a run has them (:class:`dana.ps.driver.RayRun`): named shards,
     shard 0 relaying to the others and, with ``standby``, to its standby first."""
 
     def __init__(self, d: int, workers: int, servers: int, standby: bool):

@@ -159,7 +159,7 @@ def breakdown(x, y, args, steps: int = 100) -> None:
 
     timed(sim, "gradient", "sim: gradient (load params, forward, backward)")
     timed(sim, "_gap", "sim: gap")
-    timed(sim.workers, "message", "sim: workers.message")
+    timed(sim.worker_rule, "message", "sim: workers.message")
     timed(sim.master, "push", "sim: master.push")
     timed(sim.master, "pull", "sim: master.pull")
     timed(plain.opt, "step", "plain: SGD step")

@@ -1,6 +1,6 @@
 """Images per second of ``dana train`` against a plain PyTorch training loop.
 
-``dana train``'s own training path (a :class:`~dana.sim.runner.SimRun` built from a
+``dana train``'s own training path (a :class:`~dana.sim.driver.SimRun` built from a
 :class:`~dana.train.config.TrainConfig`: the dataset, the model made flat, the
 simulator with its gap and staleness records, and the per-step callback that watches
 for divergence and drives the progress bar) simulating ``k = 16`` workers with
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from dana.models import build_model  # noqa: E402
-from dana.sim.runner import SimRun  # noqa: E402
+from dana.sim.driver import SimRun  # noqa: E402
 from dana.train.batches import BatchStream  # noqa: E402
 from dana.train.config import TrainConfig  # noqa: E402
 from dana.train.problem import Problem  # noqa: E402

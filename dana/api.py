@@ -28,13 +28,13 @@ from torch import Tensor, nn
 from dana.sim.compute import auto_batch_workers
 from dana.sim.simulator import Simulator
 from dana.train.batches import BatchStream
-from dana.train.config import TrainConfig
+from dana.train.config import PYTHON_NAMES, TrainConfig
 from dana.train.device import resolve_device
 from dana.train.flat import FlatModel, LossFn
 from dana.train.pushlog import PushLog
 from dana.train.resources import check_threads, default_threads
-from dana.train.runner import build_schedule
 from dana.train.stacked import GradientSource
+from dana.train.training import build_schedule
 
 
 @dataclass
@@ -130,7 +130,7 @@ def simulate(
         seed=seed,
         device=where.type,
         batch_workers=batch_workers,
-    ).validate()
+    ).validate(PYTHON_NAMES)
     previous = torch.get_num_threads()
     threads = check_threads(default_threads() if threads is None else threads)
     torch.set_num_threads(threads)

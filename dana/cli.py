@@ -58,7 +58,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dana.train.progress import format_table
     from dana.train.resources import use_threads
     from dana.train.rundir import RunDir
-    from dana.train.runner import train
+    from dana.train.training import train
     from dana.version import __version__
 
     threads = use_threads(getattr(args, "threads", None))

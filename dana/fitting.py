@@ -43,14 +43,14 @@ from dana.data import Dataset
 from dana.errors import ConfigError, DanaError
 from dana.train.backends import check_name, runner_class
 from dana.train.batches import BatchStream
-from dana.train.config import TrainConfig
+from dana.train.config import PYTHON_NAMES, TrainConfig
 from dana.train.device import resolve_device
 from dana.train.flat import FlatModel, LossFn
 from dana.train.pushlog import PushLog
 from dana.train.resources import check_threads, default_threads
 from dana.train.rundir import RunDir
-from dana.train.runner import execute_run, start_run
 from dana.train.stacked import GradientSource
+from dana.train.training import execute_run, start_run
 
 ModelOrFactory = nn.Module | Callable[[], nn.Module]
 Data = tuple[Any, Any] | torch.utils.data.Dataset
@@ -318,7 +318,7 @@ def fit(
         batch_workers=batch_workers,
         mlflow=None if mlflow is None else str(mlflow),
         mlflow_experiment=mlflow_experiment,
-    ).validate()
+    ).validate(PYTHON_NAMES)
     if config.mlflow:
         from dana.train.tracking import import_mlflow
 

@@ -37,7 +37,7 @@ import json, os, signal, sys, tempfile, time, traceback
 
 import dana.cli
 import dana.experiments.cli  # noqa: F401  (what `dana sweep` and `dana report` import)
-import dana.sim.runner  # noqa: F401  (the simulator, which `dana train` runs)
+import dana.sim.driver  # noqa: F401  (the simulator, which `dana train` runs)
 import matplotlib
 
 matplotlib.use("Agg")  # as dana.train.rundir.write_plot does, before its pyplot import

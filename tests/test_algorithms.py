@@ -421,7 +421,9 @@ def test_dana_zero_keeps_S_equal_to_the_sum_of_momenta(simulator):
     torch.testing.assert_close(sim.master.S, sim.master.v.sum(0), rtol=1e-10, atol=1e-12)
     slim = simulator("dana-slim", 7, momentum=M)
     slim.run(pushes=300)
-    torch.testing.assert_close(slim.workers.S, slim.workers.v.sum(0), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        slim.worker_rule.S, slim.worker_rule.v.sum(0), rtol=1e-10, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -576,8 +578,8 @@ def test_every_algorithm_runs_and_round_trips_its_state(simulator, least_squares
     _assert_same_state(master.state_dict(), sim.master.state_dict())
     torch.testing.assert_close(master.params(), sim.params(), rtol=0, atol=0)
     workers = algo.worker(3, problem.d, torch.float64)
-    workers.load_state_dict(sim.workers.state_dict())
-    _assert_same_state(workers.state_dict(), sim.workers.state_dict())
+    workers.load_state_dict(sim.worker_rule.state_dict())
+    _assert_same_state(workers.state_dict(), sim.worker_rule.state_dict())
 
     # The state is a snapshot, not a view of the live rule.
     state = sim.master.state_dict()

@@ -112,7 +112,7 @@ def test_simulate_and_fit_take_dana_trains_defaults_and_checks():
 
     from dana.errors import ConfigError
     from dana.train.config import TrainConfig
-    from dana.train.runner import build_schedule
+    from dana.train.training import build_schedule
 
     defaults = TrainConfig()
     for entry in (dana.simulate, dana.fit):
@@ -129,7 +129,9 @@ def test_simulate_and_fit_take_dana_trains_defaults_and_checks():
     for epoch in (0.0, 0.3, 1.0, 1.9):
         assert r.simulator.schedule(epoch) == want(epoch)
     assert r.simulator.weight_decay == 1e-4
-    with pytest.raises(ConfigError, match="workers must be an integer >= 1"):
-        dana.simulate(_model(), x, y, workers=0)
+    with pytest.raises(ConfigError, match="^workers must be an integer >= 1"):
+        dana.simulate(_model(), x, y, workers=0)  # (named as the argument, not --workers)
+    with pytest.raises(ConfigError, match="^decay_epochs must increase"):
+        dana.fit(_model(), (x, y), decay_epochs=[2, 1])
     with pytest.raises(ConfigError, match="must be a number"):
         dana.simulate(_model(), x, y, lr=float("nan"))

@@ -365,7 +365,7 @@ def test_failed_start_leaves_nothing(tmp_path, monkeypatch, capsys):
     wrote: the rerun is not told the directory already holds a run."""
     from dana.cli import main
     from dana.errors import DanaError
-    from dana.sim.runner import SimRun
+    from dana.sim.driver import SimRun
 
     def unreachable(self, progress):
         raise DanaError("cannot reach the Ray cluster at --address 10.0.0.1:6379")

@@ -601,7 +601,7 @@ def test_a_worker_twice_as_slow_takes_half_the_local_steps_and_ends_with_the_fas
             times = log["sim_time"][log["worker"] == i]
             assert np.allclose(np.diff(times), phases[i]) and times[0] == phases[i], (i, times)
         if dynamic:
-            assert sim.workers.steps == [8, 4, 2]
+            assert sim.worker_rule.steps == [8, 4, 2]
             # the same number of pushes each (to within the one under way when the run
             # stopped), of 8, 4 and 2 computations: 240 = 8n + 4n + 2n + what is under way
             pushes = np.bincount(log["worker"], minlength=3)
@@ -641,7 +641,7 @@ def test_dynamic_local_phases_end_together_under_heterogeneous_timing():
     assert (phase[True] >= fastest - 1.05 * means).all()  # short by under one own step
     assert phase[True].max() / phase[True].min() < 1.3
     assert phase[False].max() / phase[False].min() > 1.5  # the speeds do differ
-    assert sim.workers.steps != [H] * 6
+    assert sim.worker_rule.steps != [H] * 6
 
 
 def test_dynamic_local_updates_resume_exactly():
@@ -666,7 +666,7 @@ def test_dynamic_local_updates_resume_exactly():
     resumed = build()
     resumed.load_state_dict(part.state_dict())
     resumed.run(pushes=400)
-    assert resumed.workers.steps == whole.workers.steps != [6] * 4
+    assert resumed.worker_rule.steps == whole.worker_rule.steps != [6] * 4
     assert torch.equal(resumed.params(), whole.params())
 
 

@@ -371,7 +371,7 @@ def test_a_ray_worker_takes_each_local_step_at_the_simulators_rate(name, monkeyp
     rate of every step the simulator gives it: the pulled rate for a cycle's first step,
     then the head's answer to each local step (one worker: the same step counts)."""
     import dana.ps.worker as worker_module
-    from dana.sim.runner import SimRun
+    from dana.sim.driver import SimRun
 
     config = tiny(
         algorithm=name, workers=1, epochs=1.0, warmup_epochs=0.2, lr_decay_epochs=[0.41, 0.7],
@@ -391,7 +391,7 @@ def test_a_ray_worker_takes_each_local_step_at_the_simulators_rate(name, monkeyp
     sim_config = TrainConfig(**{**config.to_dict(), "backend": "sim"})
     run = RunDir(Path(os.environ.get("TMPDIR", "/tmp")) / f"inner-rate-{os.getpid()}-{name}")
     sim = SimRun(sim_config, run, Problem(sim_config))
-    recording("sim", sim.sim.workers)
+    recording("sim", sim.sim.worker_rule)
     sim.sim.run(epochs=1.0)
 
     problem = Problem(config)
@@ -436,7 +436,7 @@ def run_on_ray(config: TrainConfig, out: Path, progress: Callable[[Any], Progres
 
     ``progress(runner)`` makes the progress reporter (default: a silent one).
     """
-    from dana.ps.launcher import RayRun
+    from dana.ps.driver import RayRun
 
     run = RunDir(out)
     run.path.mkdir(parents=True)
@@ -469,7 +469,7 @@ def check_accounting(runner: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def sim_summary_keys(tmp_path_factory) -> set[str]:
     """The keys of a simulated run's summary.json."""
-    from dana.train.runner import train
+    from dana.train.training import train
 
     out = tmp_path_factory.mktemp("sim") / "run"
     return set(train(tiny(backend="sim", epochs=0.25), out, progress=False))
@@ -509,7 +509,7 @@ class KillWorker(Progress):
     def update(self, steps: int, loss: float) -> None:
         if self.killed_at is None and steps >= self.at:
             self.killed_at = steps
-            ray.kill(self.runner.workers[0], no_restart=False)
+            ray.kill(self.runner.worker_actors[0], no_restart=False)
 
 
 @pytest.mark.ray

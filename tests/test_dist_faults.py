@@ -369,7 +369,7 @@ class Faults(Progress):
                 break  # a head (or standby) lost again only once a new standby is in place
             at, what = self.actions.pop(0)
             if kind == "worker":
-                ray.kill(self.runner.workers[int(index)], no_restart=False)
+                ray.kill(self.runner.worker_actors[int(index)], no_restart=False)
             elif kind == "standby":
                 ray.kill(self.runner.shards.standby, no_restart=True)
             elif kind == "both":  # shard 0 and its standby at once
@@ -485,7 +485,7 @@ def test_shard_0_lost_twice_survived_then_with_its_standby_a_fault_resumed_exact
     head and its standby killed at once: exit status 4 (a FaultError), and ``--resume``
     completes the run exactly. (One shard's promotions: the start-up and
     bounded-staleness tests below.)"""
-    from dana.ps.launcher import RayRun
+    from dana.ps.driver import RayRun
     from dana.train.problem import Problem
 
     config = tiny(
@@ -549,7 +549,7 @@ def test_without_a_standby_the_loss_of_shard_0_exits_4_then_resumes_exactly(
     """``dana train --no-standby`` with one shard: killing it ends the run with exit
     status 4 and the way to go on; ``--resume`` then completes the run exactly."""
     from dana.cli import main
-    from dana.ps.launcher import RayRun
+    from dana.ps.driver import RayRun
 
     poll, killed = RayRun._poll, []
 
@@ -627,13 +627,13 @@ def kill_shard_0_at_start(monkeypatch: Any, when: str, shard: int = 0) -> list[s
     started, and before the workers exist); ``"started"``, once every actor has started,
     before the clocks start and any worker calls (``shard``: kill that one instead). The
     kills done (their ``when``)."""
-    from dana.ps import launcher
-    from dana.ps.launcher import RayRun
+    from dana.ps import driver
+    from dana.ps.driver import RayRun
 
     done: list[str] = []
     if when == "created":  # (the workers' GPUs are looked up right after the servers start)
         runs: list[Any] = []
-        start_actors, worker_gpus = RayRun._start_actors, launcher.worker_gpus
+        start_actors, worker_gpus = RayRun._start_actors, driver.worker_gpus
 
         def start_noted(self: Any) -> Any:
             runs.append(self)
@@ -646,7 +646,7 @@ def kill_shard_0_at_start(monkeypatch: Any, when: str, shard: int = 0) -> list[s
             return worker_gpus(*args)
 
         monkeypatch.setattr(RayRun, "_start_actors", start_noted)
-        monkeypatch.setattr(launcher, "worker_gpus", kill_then_gpus)
+        monkeypatch.setattr(driver, "worker_gpus", kill_then_gpus)
     else:
         start_actors = RayRun._start_actors
 

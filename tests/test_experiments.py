@@ -27,7 +27,7 @@ from dana.experiments.sweep import threads_per_job
 from dana.experiments.table import error_cell
 from dana.experiments.targets import time_to_target
 from dana.train.config import TrainConfig
-from dana.train.runner import train
+from dana.train.training import train
 
 # One thread per run: tiny models gain nothing from more, and on a shared machine OpenMP's
 # waits make each step many times slower. The sweep passes it on to its runs.
@@ -462,7 +462,7 @@ def test_also_grids_add_cells_in_run_order_and_rows_skip_defaults(tmp_path):
 
 
 def test_linear_scaling_multiplies_the_peak_rate_after_a_warm_up_from_lr():
-    from dana.train.runner import build_schedule
+    from dana.train.training import build_schedule
 
     config = TrainConfig(
         workers=8, lr=0.01, warmup_epochs=5, lr_decay_epochs=[], lr_scaling="linear"
@@ -535,7 +535,7 @@ def test_sweep_runs_the_further_seeds_it_finds_due(tmp_path):
 def test_automatic_warm_up_and_decay():
     """Unset, the warm-up gives every worker 60 steps (60*k updates) within [1/8, 2/3]
     of the run, and the rate decays once, at 9/10 of it."""
-    from dana.train.runner import build_schedule
+    from dana.train.training import build_schedule
 
     config = TrainConfig(workers=16, epochs=3).validate()
     assert config.warmup_epochs is None and config.lr_decay_epochs is None

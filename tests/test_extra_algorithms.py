@@ -317,7 +317,7 @@ def test_dana_easgd_with_one_worker_is_eamsgd():
     a, b = runs
     assert a.pushes == b.pushes > 60
     assert torch.equal(a.params(), b.params())
-    assert torch.equal(a.workers.x, b.workers.x)
+    assert torch.equal(a.worker_rule.x, b.worker_rule.x)
     assert np.array_equal(a.log.numpy()["loss"], b.log.numpy()["loss"])
     assert not torch.equal(a.params(), torch.zeros_like(a.params()))
 
@@ -481,11 +481,11 @@ def test_rule_state_dicts_round_trip(name):
     sim.run(pushes=50)
     master, workers = algo.master(torch.zeros(10, dtype=F64), 3), algo.worker(3, 10, F64)
     master.load_state_dict(sim.master.state_dict())
-    workers.load_state_dict(sim.workers.state_dict())
+    workers.load_state_dict(sim.worker_rule.state_dict())
     for key, value in sim.master.state_dict().items():
         got = master.state_dict()[key]
         assert torch.equal(got, value) if isinstance(value, torch.Tensor) else got == value
-    for key, value in sim.workers.state_dict().items():
+    for key, value in sim.worker_rule.state_dict().items():
         assert torch.equal(workers.state_dict()[key], value)
     with pytest.raises(ValueError, match="expected"):
         master.load_state_dict({})

@@ -72,7 +72,7 @@ def layer_imports(source: str) -> set[str]:
 def test_the_reader_sees_every_kind_of_import():
     """The parser finds module-level, lazy and TYPE_CHECKING imports (else the walls
     below would hold trivially)."""
-    train = GRAPH["dana.train.runner"]
+    train = GRAPH["dana.train.training"]
     assert "dana.train.backends" in train and "dana.train.config" in train
     assert "dana.experiments.cli" in GRAPH["dana.cli"]  # a lazy import, inside a function
     assert "dana.errors" in GRAPH["dana.train.problem"]  # (only) inside a function

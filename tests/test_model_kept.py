@@ -15,7 +15,7 @@ from dana.train.config import TrainConfig
 from dana.train.flat import evaluate_module
 from dana.train.problem import Problem
 from dana.train.rundir import RunDir
-from dana.train.runner import stop_points, train
+from dana.train.training import stop_points, train
 
 #: The small BatchNorm CNN on synthetic images: parameters and buffers to keep.
 TINY = dict(

@@ -366,7 +366,7 @@ def test_cuda_batched_equals_sequential_in_float64(algorithm):
 @cuda
 def test_cuda_train_end_to_end(tmp_path):
     from dana.train.config import TrainConfig
-    from dana.train.runner import train
+    from dana.train.training import train
 
     config = TrainConfig(dataset="synthetic", model="cnn", train_size=512, test_size=128,
                          batch_size=32, workers=8, epochs=1, device="cuda",

@@ -37,7 +37,7 @@ def test_dana_slim_sends_what_dana_zero_sends(simulator, least_squares, rel_diff
         zero.step()
         worst_sent = max(worst_sent, rel_diff(slim.sent, zero.sent))
         # Slim's master holds Theta; theta = Theta + lr*m*sum_j v_j is DANA-Zero's theta.
-        theta = slim.master.gap_reference() + slim.workers.theta_offset(0.01)
+        theta = slim.master.gap_reference() + slim.worker_rule.theta_offset(0.01)
         worst_theta = max(worst_theta, rel_diff(theta, zero.master.params()))
     assert list(slim.log.worker) == list(zero.log.worker)
     assert len(set(slim.log.worker)) == k  # every worker took part

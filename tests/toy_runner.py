@@ -19,8 +19,8 @@ from dana.train.problem import Problem
 from dana.train.progress import Progress
 from dana.train.pushlog import PushLog
 from dana.train.rundir import RunDir
-from dana.train.runner import build_schedule, stop_points
 from dana.train.step import WorkerStep
+from dana.train.training import build_schedule, stop_points
 
 
 class ToyRun:

@@ -274,7 +274,7 @@ class Algorithm:
     #: True when the master rule works per contiguous shard of the parameters unchanged
     #: (its state and arithmetic are per element), so that sharded parameter servers
     #: (``--servers S``) each run it on their slice; False when it needs the whole vector
-    #: (global norms, dot products), which the Ray launcher then refuses to shard.
+    #: (global norms, dot products), which the configuration then refuses to shard (--servers 1).
     elementwise: ClassVar[bool] = True
     master_rule: ClassVar[type[MasterRule]]
     worker_rule: ClassVar[type[WorkerRule]] = WorkerRule

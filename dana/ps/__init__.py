@@ -9,7 +9,7 @@
   and the other shards (:mod:`dana.ps.relay`), the standby (a head in waiting);
 - :mod:`dana.ps.worker`, :mod:`dana.ps.link`: a worker (model replica, its own data
   stream, a worker rule) and its calls to the head;
-- :mod:`dana.ps.launcher`: ``dana train --backend ray``'s driver (:class:`RayRun`), with
+- :mod:`dana.ps.driver`: ``dana train --backend ray``'s driver (:class:`RayRun`), with
   its shard group (:mod:`dana.ps.group`: starting, watching, promoting and rebuilding
   the servers; :mod:`dana.ps.standby`: the head's standby) and its evaluation and
   checkpoint points (:mod:`dana.ps.points`);

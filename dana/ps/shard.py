@@ -2,7 +2,7 @@
 
 A :class:`ShardServer` owns the master rule of an algorithm built on the contiguous shard
 ``params[lo:hi]`` (for an ``elementwise`` algorithm a rule on a shard is the rule; the
-launcher refuses to shard the others; ``ssgd``'s round of ``k`` pushes completes on every
+configuration refuses to shard the others; ``ssgd``'s round of ``k`` pushes completes on every
 shard with the same pushes). It runs as a Ray actor that executes one method at a time,
 so a push is applied whole before the next call is looked at, and no call ever waits
 for a worker: a slow worker only delays its own next call. Shard 0, the head, is a
@@ -58,8 +58,8 @@ from dana.ps.records import Counts, GapProbes, WorkerRecords
 from dana.ps.recovery import SNAPSHOT_SECONDS
 from dana.ps.snapshots import Snapshots
 from dana.train.config import TrainConfig
-from dana.train.runner import build_schedule
 from dana.train.schedule import schedule_epoch
+from dana.train.training import build_schedule
 
 # Arrays from Ray's object store are read-only; the rules only read messages.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")

@@ -1,7 +1,7 @@
 """The event-driven simulator (a runner on the floor, :mod:`dana.train`).
 
 - :mod:`dana.sim.simulator`: :class:`Simulator`, ``k`` workers driven exactly;
-- :mod:`dana.sim.runner`: ``dana train --backend sim``'s run loop (:class:`SimRun`);
+- :mod:`dana.sim.driver`: ``dana train --backend sim``'s run loop (:class:`SimRun`);
 - :mod:`dana.sim.compute`: the batched and threaded gradient engines.
 
 The timing models it draws step times from are the floor's (:mod:`dana.train.timing`),

@@ -154,14 +154,14 @@ class Simulator:
 
         d = params.numel()
         self.master = algorithm.master(params, self.k)
-        self.workers = algorithm.worker(self.k, d, params.dtype)
+        self.worker_rule = algorithm.worker(self.k, d, params.dtype)
         if algorithm.uses_speed:  # Dynamic Local Updates: the timing model's mean speeds
             for i, speed in enumerate(relative_speeds(self.timing)):
-                self.workers.set_speed(i, speed)
+                self.worker_rule.set_speed(i, speed)
         if params.device.type != "cpu":
             move_tensors(self.master, params.device)
-            move_tensors(self.workers, params.device)
-        self.worker_step = WorkerStep(self.workers, gradient, weight_decay)
+            move_tensors(self.worker_rule, params.device)
+        self.worker_step = WorkerStep(self.worker_rule, gradient, weight_decay)
         self.engine = build_engine(self.worker_step, source, batch_workers, threads)
         # the parameters each worker computes at
         self.sent = per_worker_zeros(self.k, d, params.dtype, params.device)
@@ -339,7 +339,7 @@ class Simulator:
         takes local steps, of its message), the loss, and whether it is the message;
         ``None`` for a local step."""
         grad, loss = self._gradient(i)
-        if self.workers.local_steps:
+        if self.worker_rule.local_steps:
             message = self._message(i, grad, self.lr())
             held = None if message is None else (message.clone(), loss, True)
         else:
@@ -370,7 +370,7 @@ class Simulator:
 
     def _gap(self, i: int, lr: float) -> float:
         """``RMS(theta_now - p_i)`` against the master's true parameters."""
-        theta = self.workers.true_params(self.master.gap_reference(), lr, out=self._diff)
+        theta = self.worker_rule.true_params(self.master.gap_reference(), lr, out=self._diff)
         # An in-place difference and a dot product: on the CPU torch.dist takes twice as long.
         diff = torch.sub(theta, self.sent[i], out=self._diff)
         return math.sqrt(diff.dot(diff).item() / diff.numel())
@@ -379,7 +379,7 @@ class Simulator:
         """Everything needed to continue this run exactly (tensors and plain values)."""
         return {
             "master": self.master.state_dict(),
-            "workers": self.workers.state_dict(),
+            "workers": self.worker_rule.state_dict(),
             "sent": self.sent.clone(),
             "pulled_at": list(self.pulled_at),
             "batch": [b.clone() if isinstance(b, Tensor) else b for b in self.batch],
@@ -415,7 +415,7 @@ class Simulator:
                 f"this one {tuple(self.sent.shape)} (workers, d)"
             )
         self.master.load_state_dict(state["master"])
-        self.workers.load_state_dict(state["workers"])
+        self.worker_rule.load_state_dict(state["workers"])
         self.sent.copy_(state["sent"])
         self.pulled_at = [int(u) for u in state["pulled_at"]]
         self.batch = list(state["batch"])

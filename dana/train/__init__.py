@@ -11,9 +11,9 @@
 - :mod:`dana.train.pushlog`, :mod:`dana.train.metrics`: the per-push log, the metrics
   row and the summary;
 - :mod:`dana.train.rundir`, :mod:`dana.train.progress`: the run directory, the progress bar;
-- :mod:`dana.train.runners`, :mod:`dana.train.backends`, :mod:`dana.train.runner`: the
+- :mod:`dana.train.runners`, :mod:`dana.train.backends`, :mod:`dana.train.training`: the
   runner protocol, runners by backend name, and ``dana train``'s
-  :func:`~dana.train.runner.train`.
+  :func:`~dana.train.training.train`.
 
 The runners (:mod:`dana.sim`, :mod:`dana.ps`) import the floor; the floor names them
 only in :data:`dana.train.backends.RUNNERS` and imports one when a run asks for it.

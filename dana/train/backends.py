@@ -39,9 +39,9 @@ class Backend:
 
 #: The runners, by ``--backend`` name (:func:`register` adds one).
 RUNNERS: dict[str, Backend] = {
-    "sim": Backend("dana.sim.runner", "SimRun", deterministic=True),
+    "sim": Backend("dana.sim.driver", "SimRun", deterministic=True),
     "ray": Backend(
-        "dana.ps.launcher",
+        "dana.ps.driver",
         "RayRun",
         needs="ray",
         install="pip install 'ray>=2.9'",

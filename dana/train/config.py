@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,57 +156,71 @@ class TrainConfig:
         return hparams
 
     # -- validation ---------------------------------------------------------------------
-    def validate(self) -> TrainConfig:
+    def validate(self, names: Mapping[str, str] | None = None) -> TrainConfig:
         """Check every option against :data:`SCHEMA`, then the rules between options.
 
         Raises :class:`ConfigError` naming the first bad option, what it accepts and
-        what it got."""
+        what it got. ``names``: how the caller names the options (the Python entries:
+        their arguments, ``{"lr_decay_epochs": "decay_epochs", ...}``; every other
+        option by its field name); by default the command line's flags
+        (``--lr-decay-epochs``)."""
+        self.__dict__["_names"] = names
+        flag = self._flag
         for name, rule in SCHEMA.items():
-            rule.check(name, getattr(self, name))
-        backend = check_name(self.backend)
+            rule.check(name, getattr(self, name), None if names is None else flag(name))
+        backend = check_name(self.backend, flag("backend"))
         if self.algorithm not in algorithms.ALGORITHMS:
             raise ConfigError(
-                f"--algorithm {self.algorithm!r} is unknown{algorithms.did_you_mean(self.algorithm)}"
-                f"; choose one of: {', '.join(algorithms.ALGORITHMS)} (see `dana algorithms`)"
+                f"{flag('algorithm')} {self.algorithm!r} is unknown"
+                f"{algorithms.did_you_mean(self.algorithm)}; choose one of: "
+                f"{', '.join(algorithms.ALGORITHMS)} (see `dana algorithms`)"
             )
         if self.momentum >= 1:
-            raise ConfigError(f"--momentum must be in [0, 1), got {self.momentum!r}")
+            raise ConfigError(f"{flag('momentum')} must be in [0, 1), got {self.momentum!r}")
         if self.lr_decay_epochs is not None and self.lr_decay_epochs != sorted(
             self.lr_decay_epochs
         ):
-            raise ConfigError(f"--lr-decay-epochs must increase, got {self.lr_decay_epochs!r}")
+            raise ConfigError(
+                f"{flag('lr_decay_epochs')} must increase, got {self.lr_decay_epochs!r}"
+            )
         for name, every in (
             ("eval_every", self.eval_every),
             ("checkpoint_every", self.checkpoint_every),
         ):
             if every > 0 and self.epochs / every > MAX_STOPS:
-                flag = name.replace("_", "-")
+                what = "evaluation" if name == "eval_every" else "checkpoint"
                 raise ConfigError(
-                    f"--epochs {self.epochs:g} with --{flag} {every:g} asks for "
-                    f"{self.epochs / every:.3g} {'evaluation' if name == 'eval_every' else 'checkpoint'} points; at most "
-                    f"{MAX_STOPS:,} are allowed: raise --{flag} to at least "
-                    f"{self.epochs / MAX_STOPS:.3g}"
+                    f"{flag('epochs')} {self.epochs:g} with {flag(name)} {every:g} asks for "
+                    f"{self.epochs / every:.3g} {what} points; at most {MAX_STOPS:,} are "
+                    f"allowed: raise {flag(name)} to at least {self.epochs / MAX_STOPS:.3g}"
                 )
         if self.servers > 1 and not algorithms.get(self.algorithm).elementwise:
             raise ConfigError(
-                f"--servers {self.servers}: {self.algorithm}'s master rule is not "
+                f"{flag('servers')} {self.servers}: {self.algorithm}'s master rule is not "
                 "element-wise (its state depends on the whole vector), so it cannot be split "
-                "into shards; use --servers 1"
+                f"into shards; use {flag('servers')} 1"
             )
         _check_algorithm_params(self.algorithm, self.algorithm_params)
         if self.device == "cuda":
             from dana.train.device import check_cuda
 
-            check_cuda("--device cuda")
+            check_cuda(f"{flag('device')} cuda")
         if self.build_algorithm().uses_speed and backend.wall_clock and self.time_scale <= 0:
             raise ConfigError(
-                f"--algorithm {self.algorithm} with dynamic_steps sizes each worker's local "
-                f"phase by its speed relative to the fastest worker's, which a worker of "
-                f"--backend {self.backend} knows only from the emulated step times: pass "
-                "--time-scale S > 0 (with --timing heterogeneous or trace), or set "
-                "dynamic_steps to false"
+                f"{flag('algorithm')} {self.algorithm} with dynamic_steps sizes each worker's "
+                f"local phase by its speed relative to the fastest worker's, which a worker "
+                f"of {flag('backend')} {self.backend} knows only from the emulated step "
+                f"times: pass {flag('time_scale')} S > 0 (with {flag('timing')} heterogeneous "
+                "or trace), or set dynamic_steps to false"
             )
         return self
+
+    def _flag(self, name: str) -> str:
+        """How the caller of :meth:`validate` names option ``name``."""
+        names = self.__dict__.get("_names")
+        if names is None:
+            return "--" + name.replace("_", "-")
+        return names.get(name, name)
 
     def build_algorithm(self) -> Algorithm:
         """The run's algorithm, built from ``algorithm`` and :meth:`algorithm_hparams`
@@ -217,10 +232,18 @@ class TrainConfig:
         try:
             algorithm = algorithms.build(self.algorithm, **self.algorithm_hparams())
         except (ValueError, TypeError) as e:
-            raise ConfigError(f"--algorithm {self.algorithm}: {e}") from None
+            raise ConfigError(f"{self._flag('algorithm')} {self.algorithm}: {e}") from None
         self.__dict__["_built"] = (key, algorithm)
         return algorithm
 
+
+#: How the Python entries (dana.fit, dana.simulate) name the options they take under
+#: another name than the option's (:meth:`TrainConfig.validate`'s ``names``).
+PYTHON_NAMES: dict[str, str] = {
+    "lr_decay_epochs": "decay_epochs",
+    "lr_decay_factor": "decay_factor",
+    "algorithm_params": "the algorithm's hyper-parameters",
+}
 
 #: The most evaluation (or checkpoint) points one run may ask for: each is a row of
 #: metrics.csv and a stop of the loop; 1e5 is far past any useful curve.
@@ -248,10 +271,13 @@ class Rule:
     choices: tuple[str, ...] = ()
     optional: bool = False
 
-    def check(self, name: str, value: Any) -> None:
+    def check(self, name: str, value: Any, flag: str | None = None) -> None:
+        """ConfigError unless ``value`` is a valid option ``name``; the message calls it
+        ``flag`` (default: its command-line flag)."""
         if value is None and self.optional:
             return
-        flag = "--" + name.replace("_", "-")
+        given = flag
+        flag = flag or "--" + name.replace("_", "-")
         if self.kind is bool:
             if not isinstance(value, bool):
                 raise ConfigError(
@@ -296,7 +322,9 @@ class Rule:
                 raise ConfigError(f"{flag} must be positive numbers, got {value!r}")
         elif self.kind is dict:
             if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-                raise ConfigError(f"{name} must be a mapping of name: value, got {value!r}")
+                raise ConfigError(
+                    f"{given or name} must be a mapping of name: value, got {value!r}"
+                )
 
     def _in_range(self, value: float) -> bool:
         if self.low is not None and (value <= self.low if self.open_low else value < self.low):

@@ -1,7 +1,7 @@
 """The one protocol every runner implements.
 
 A runner executes one :class:`~dana.train.config.TrainConfig` into one run directory,
-standing on the floor (:mod:`dana.train`) and nothing else. :func:`dana.train.runner.train`
+standing on the floor (:mod:`dana.train`) and nothing else. :func:`dana.train.training.train`
 builds the run's :class:`~dana.train.problem.Problem` and algorithm once, finds the
 runner of ``config.backend`` by name (:mod:`dana.train.backends`) and calls it.
 
@@ -24,7 +24,7 @@ from dana.train.rundir import RunDir
 
 
 class Runner(Protocol):
-    """What :func:`dana.train.runner.train` and :func:`dana.fit` ask of a runner.
+    """What :func:`dana.train.training.train` and :func:`dana.fit` ask of a runner.
 
     - :meth:`check` (a class method): what this backend refuses of a config and its
       problem, before anything is written (the simulator: per-worker state that does

@@ -79,8 +79,8 @@ from dana.train.problem import Problem
 from dana.train.progress import Progress
 from dana.train.pushlog import PushLog
 from dana.train.rundir import RunDir
-from dana.train.runner import stop_points
 from dana.train.timing import write_trace
+from dana.train.training import stop_points
 
 
 class RayRun:
@@ -110,7 +110,7 @@ class RayRun:
         self.with_standby = config.standby  # False: --no-standby
         self.ray: Any = None  # the ray module, while the run executes
         self.shards: ShardGroup | None = None  # the servers, once started
-        self.workers: list[Any] = []
+        self.worker_actors: list[Any] = []
         self.merger = LogMerger(self.S)
         self.points = Points(run, problem, self.merger, self.S, self.batches_per_epoch, self._wall)
         self.saved_servers: list[dict[str, Any]] | None = None
@@ -195,7 +195,7 @@ class RayRun:
                 self.counters = self._counters(self.start - startup)
             finally:
                 progress.close()
-                for actor in self.workers:
+                for actor in self.worker_actors:
                     ray.kill(actor, no_restart=True)
                 if self.shards is not None:
                     self.shards.kill()
@@ -267,7 +267,7 @@ class RayRun:
         self.spec_ref = None if spec is None else ray.put(spec)
         gpus = worker_gpus(ray, self.config.device, self.k)
         worker_cls = ray.remote(Worker).options(**worker_options(cpus, gpus))
-        self.workers = workers = [
+        self.worker_actors = workers = [
             worker_cls.remote(config, i, self.shards.names, self.d, self.spec_ref, self.algorithm)
             for i in range(self.k)
         ]
@@ -280,7 +280,7 @@ class RayRun:
 
     def _run_free(self, progress: Progress) -> None:
         """Asynchronous algorithms: every worker loops until the servers say stop."""
-        ray, workers = self.ray, self.workers
+        ray, workers = self.ray, self.worker_actors
         running = {w.run.remote(): i for i, w in enumerate(workers)}
         while running:
             done, _ = ray.wait(list(running), num_returns=len(running), timeout=POLL_SECONDS)
@@ -302,7 +302,7 @@ class RayRun:
     def _run_rounds(self, progress: Progress) -> None:
         """``ssgd``: one step on every worker per round; the next round starts when all
         ``k`` pushes are in (the master has then moved once)."""
-        ray, workers = self.ray, self.workers
+        ray, workers = self.ray, self.worker_actors
         round_index = self.steps // self.k
         while self.steps < self.end and self.points.diverged_at is None:
             running = {w.run.remote(round_index): i for i, w in enumerate(workers)}

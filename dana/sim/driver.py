@@ -1,7 +1,7 @@
 """``dana train --backend sim``: the simulator's run loop (a runner, :mod:`dana.train.runners`).
 
 The run stops at fixed points of the data stream (every ``eval_every`` epochs, every
-``checkpoint_every`` epochs, the end; :func:`dana.train.runner.stop_points`). At an
+``checkpoint_every`` epochs, the end; :func:`dana.train.training.stop_points`). At an
 evaluation point it appends a row to ``metrics.csv`` (:func:`dana.train.metrics.metrics_row`).
 At a checkpoint point it saves the whole state, so that ``--resume`` continues exactly: a
 resumed run's ``metrics.csv`` equals the uninterrupted run's but for ``wall_seconds``.
@@ -30,8 +30,8 @@ from dana.train.progress import Progress
 from dana.train.pushlog import PushLog
 from dana.train.resources import check_memory
 from dana.train.rundir import RunDir
-from dana.train.runner import build_schedule, stop_points
 from dana.train.stacked import running_buffers
+from dana.train.training import build_schedule, stop_points
 
 
 def engine_settings(
