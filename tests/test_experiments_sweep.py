@@ -153,7 +153,7 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
         spec = load_preset(name)
         cells = expand(spec)
         assert spec.description, name
-        if spec.fixed.get("dataset") == "text":  # language models: tests/test_language.py
+        if spec.fixed.get("dataset") == "text":  # language models: tests/test_models_language.py
             continue
         for cell in cells:
             config = cell.config()

@@ -21,8 +21,8 @@ from dana.models import build_language_model, build_model, context_length, count
 from dana.train.config import TrainConfig
 from dana.train.flat import FlatModel
 from dana.train.problem import Problem, token_cross_entropy
-from dana.train.training import train
 from dana.train.stacked import StackedGradient
+from dana.train.training import train
 
 #: A Transformer small enough for seconds: 1 layer of width 32, a context of 16 tokens.
 SMALL = "transformer-1-32-16"
