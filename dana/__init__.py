@@ -5,10 +5,11 @@ Environment", arXiv 1907.11612), its baselines, an exact event-driven simulator 
 asynchronous workers, and a parameter-server runtime on Ray.
 """
 
-from dana import algorithms
+from dana import algorithms, optim
 from dana.api import SimulationResult, simulate
 from dana.fitting import FitResult, fit
 from dana.sim import Simulator
+from dana.train.modelfile import load_model
 from dana.version import __version__
 
 __all__ = [
@@ -17,6 +18,8 @@ __all__ = [
     "Simulator",
     "algorithms",
     "fit",
+    "load_model",
+    "optim",
     "simulate",
     "__version__",
 ]

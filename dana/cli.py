@@ -9,6 +9,7 @@ is left half-written); 3 the training diverged (a result: ``summary.json`` says 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from dana.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_FAULT, EXIT_INTERRUPTED, EXIT_OK
@@ -18,7 +19,23 @@ __all__ = ["build_parser", "collect_options", "main"]
 
 #: Options that do not change a run's result: accepted with --resume.
 RUNTIME_OPTIONS = {"command", "func", "resume", "quiet", "threads", "out"}
-DEFAULT_OUT = "runs/latest"
+#: Where a run without --out goes: runs/<algorithm>-k<workers>-<date>-<time>[-n].
+DEFAULT_OUT = "runs/ALGORITHM-kK-YYYYMMDD-HHMMSS"
+
+
+def default_out(config, root: str = "runs") -> str:
+    """A new run directory for a run without ``--out``: ``runs/dana-slim-k8-20250131-142501``,
+    with ``-2``, ``-3``, ... added when that name is taken (two runs in one second)."""
+    import time
+    from pathlib import Path
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{config.algorithm}-k{config.workers}-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return str(path)
 
 
 def resume_conflicts(args: argparse.Namespace) -> list[str]:
@@ -62,7 +79,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         out = run.path
     else:
         config = TrainConfig.from_dict(collect_options(args), "options")
-        out = args.out or DEFAULT_OUT
+        out = args.out or default_out(config.validate())
     summary = train(
         config,
         out,
@@ -79,10 +96,22 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{summary['diverged_at_update']} (loss became NaN or infinite). Results in {out}."
         )
         return EXIT_DIVERGED
+    if "final_test_perplexity" in summary:  # a language model
+        result = (
+            f"final test loss {summary['final_test_loss']:.4f} (perplexity "
+            f"{summary['final_test_perplexity']:.3f}, next-token error "
+            f"{100 * summary['final_test_error']:.2f}%)"
+        )
+    elif math.isfinite(summary["final_test_error"]):
+        result = (
+            f"final test error {100 * summary['final_test_error']:.2f}% (best "
+            f"{100 * summary['best_test_error']:.2f}%)"
+        )
+    else:
+        result = f"final test loss {summary['final_test_loss']:.4g}"
     print(
-        f"{config.algorithm}, {config.workers} workers: final test error "
-        f"{100 * summary['final_test_error']:.2f}% (best {100 * summary['best_test_error']:.2f}%), "
-        f"mean gap {summary['mean_gap']:.3g}, mean staleness {summary['mean_staleness']:.1f}. "
+        f"{config.algorithm}, {config.workers} workers: {result}, mean gap "
+        f"{summary['mean_gap']:.3g}, mean staleness {summary['mean_staleness']:.1f}. "
         f"Results in {out}."
     )
     return EXIT_OK
@@ -106,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Asynchronous distributed training with momentum: DANA, its baselines, "
         "an exact simulator of k workers, and a Ray runtime.",
     )
+    from dana.version import __version__
+
+    parser.add_argument("--version", action="version", version=f"dana {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -118,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out",
         default=None,
-        help=f"run directory to write: new, or empty (default: {DEFAULT_OUT})",
+        help="run directory to write: new, or empty; a local path (default: a new "
+        f"{DEFAULT_OUT}, -2, -3, ... added if taken)",
     )
     p.add_argument(
         "--resume",

@@ -1,5 +1,8 @@
 """What several test files share: small problems for the algorithm, simulator and claim
-tests, and hand-made run directories for the report tests (:func:`fake_run`).
+tests, hand-made run directories for the report tests (:func:`fake_run`), and for the
+Ray runtime's tests one local Ray for the session (:func:`local_ray`), tiny runs
+(:func:`tiny`, :func:`run_on_ray`), their accounting (:func:`check_accounting`) and the
+processes they leave (:func:`descendants`, :func:`kill_tree`).
 
 Everything is float64 and seeded, so equalities between algorithms can be asserted
 to rounding and runs are reproducible.
@@ -9,9 +12,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,6 +28,11 @@ import dana.algorithms as A
 from dana.algorithms.base import Algorithm
 from dana.sim import Simulator
 from dana.train.batches import BatchStream
+from dana.train.config import TrainConfig
+from dana.train.problem import Problem
+from dana.train.progress import Progress
+from dana.train.rundir import METRICS_COLUMNS, RunDir
+from dana.train.timing import read_trace
 
 # The problems here are tiny: a second intra-op thread only adds synchronisation, and on
 # a busy machine its spin-waiting makes each small op many times slower.
@@ -162,3 +174,142 @@ def fake_run(
         **(summary_extra or {}),
     }
     (run / "summary.json").write_text(json.dumps(summary))
+
+
+# -- the Ray runtime's tests: one local Ray, tiny runs, their accounting, processes ------
+try:
+    import ray
+except ImportError:  # the tests that need it skip
+    ray = None
+
+#: Skip where Ray is not installed.
+needs_ray = pytest.mark.skipif(ray is None, reason="needs Ray: pip install 'ray>=2.9'")
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """One local Ray for every in-process Ray test of the session, as ``dana train``
+    starts it (:func:`dana.ps.cluster.ray_session`: loopback only, no dashboard, the
+    machine's CPUs, its actors at the driver's priority). A run in the tests finds it
+    initialised and uses it; nothing in a test shuts it down."""
+    if ray is None:
+        pytest.skip("needs Ray: pip install 'ray>=2.9'")
+    from dana.ps.cluster import ray_session
+
+    with ray_session(None, actors=2):
+        yield
+
+
+def tiny(**overrides: Any) -> TrainConfig:
+    """A run of a few seconds: an MLP on 1024 synthetic 16x16 images.
+
+    The rate suits each rule: ``asgd`` (no momentum) 0.2; ``ssgd`` 0.1, one step along
+    the mean of ``k`` gradients per round (at the schedule's rate of that round); the
+    asynchronous momentum rules 0.05, one step per push."""
+    algorithm = overrides.get("algorithm", "asgd")
+    values: dict[str, Any] = dict(
+        algorithm="asgd",
+        workers=2,
+        dataset="synthetic",
+        model="mlp",
+        train_size=1024,
+        test_size=256,
+        epochs=3.0,
+        batch_size=32,
+        lr={"asgd": 0.2, "ssgd": 0.1}.get(algorithm, 0.05),
+        warmup_epochs=0.5,
+        backend="ray",
+    )
+    values.update(overrides)
+    return TrainConfig(**values).validate()
+
+
+def run_on_ray(config: TrainConfig, out: Path, progress: Callable[[Any], Progress] | None = None):
+    """Train ``config`` with a RayRun in this process (Ray already up); the RayRun.
+
+    ``progress(runner)`` makes the progress reporter (default: a silent one).
+    """
+    from dana.ps.driver import RayRun
+
+    run = RunDir(out)
+    run.path.mkdir(parents=True)
+    run.write_config(config.to_dict(), "test")
+    runner = RayRun(config, run, Problem(config))
+    reporter = progress(runner) if progress else Progress(enabled=False)
+    runner.summary = runner.execute(reporter)
+    run.write_summary(runner.summary)
+    return runner
+
+
+def check_accounting(runner: Any) -> dict[str, Any]:
+    """Every numbered push applied exactly once on every shard, or refused after the end."""
+    out = runner.run.path
+    dist = json.loads((out / "dist.json").read_text())
+    summary = runner.summary
+    for shard in dist["shards"]:
+        assert shard["seq_gaps"] == 0 and shard["duplicates"] == 0
+        assert sum(shard["applied"]) == shard["pushes"]
+        assert sum(shard["last_seq"]) == shard["pushes"] + shard["local_steps"]
+    first = dist["shards"][0]
+    assert dist["pushes_sent"] == sum(first["last_seq"]) + first["rejected_after_stop"]
+    assert summary["pushes"] == first["pushes"] == len(runner.merger.log)
+    trace = read_trace(out / "step_times.csv")
+    assert sum(map(len, trace)) == summary["pushes"]
+    assert list(RunDir(out).read_metrics()[0]) == list(METRICS_COLUMNS)
+    return dist
+
+
+def descendants(root: int) -> set[int]:
+    """``root`` and every process under it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def outward_ip() -> str:
+    """The address Ray gives this machine's head node (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))
+        return s.getsockname()[0]
+
+
+def kill_tree(tag: str) -> int:
+    """SIGKILL every process whose command line holds ``tag``, and their descendants
+    (never this process); how many."""
+    roots = [
+        int(p)
+        for p in os.listdir("/proc")
+        if p.isdigit() and int(p) != os.getpid() and tag in command(int(p))
+    ]
+    victims = set().union(*(descendants(r) for r in roots)) - {os.getpid()} if roots else set()
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return len(victims)

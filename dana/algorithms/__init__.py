@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from typing import Any
 
@@ -72,12 +73,19 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
+def did_you_mean(name: str) -> str:
+    """``" (did you mean 'dana-slim'?)"`` for a name close to a registered one, else ``""``."""
+    close = difflib.get_close_matches(str(name).lower(), list(ALGORITHMS), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def get(name: str) -> type[Algorithm]:
     try:
         return ALGORITHMS[name]
     except KeyError:
         raise ValueError(
-            f"unknown algorithm {name!r}; choose one of: {', '.join(ALGORITHMS)}"
+            f"unknown algorithm {name!r}{did_you_mean(name)}; choose one of: "
+            f"{', '.join(ALGORITHMS)}"
         ) from None
 
 
@@ -117,6 +125,7 @@ __all__ = [
     "MasterRule",
     "WorkerRule",
     "build",
+    "did_you_mean",
     "get",
     "hparam_defaults",
     "hparam_names",

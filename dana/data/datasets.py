@@ -11,10 +11,13 @@ Names (:data:`DATASETS`):
   (``data_dir`` is ignored);
 - ``folder``: your images in class sub-folders of ``data_dir/train`` and
   ``data_dir/test`` (:mod:`dana.data.folder`);
-- ``tensors``: your arrays in ``torch.save`` or ``.npz`` files (:mod:`dana.data.tensors`).
+- ``tensors``: your arrays in ``torch.save`` or ``.npz`` files (:mod:`dana.data.tensors`);
+- ``text``: a text corpus, ``data_dir`` a file or a directory of ``train.txt`` and
+  ``test.txt`` (:mod:`dana.data.text`), as sequences of ``seq_len`` byte tokens.
 
 Images become float32 ``N x C x H x W``, normalised per channel with the mean and
-standard deviation of the training images used; labels are int64.
+standard deviation of the training images used; labels are int64. Text becomes int64
+``N x T`` token windows and their ``N x T`` next tokens (``kind == "tokens"``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,16 @@ __all__ = [
     "load_dataset",
 ]
 
-DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "synthetic", "folder", "tensors")
+DATASETS = (
+    "fashion-mnist",
+    "mnist",
+    "cifar10",
+    "cifar100",
+    "synthetic",
+    "folder",
+    "tensors",
+    "text",
+)
 DEFAULT_FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 # (train images, train labels, test images, test labels); each may also lack ".gz".
 IDX_FILES = (
@@ -58,13 +70,15 @@ _FASHION_HINT = (
 
 @dataclass
 class Dataset:
-    """A classification dataset held in memory.
+    """A classification dataset held in memory: images, or token sequences.
 
-    ``train_x`` and ``test_x`` are float32 ``N x C x H x W`` normalised per channel
-    with the training statistics ``mean`` and ``std`` (in the source's pixel
-    units scaled to [0, 1] for 8-bit images); ``train_y`` and ``test_y`` are int64.
-    ``augment`` says whether training batches should go through
-    :func:`augment_batch`.
+    Images (``kind == "images"``): ``train_x`` and ``test_x`` are float32
+    ``N x C x H x W`` normalised per channel with the training statistics ``mean`` and
+    ``std`` (in the source's pixel units scaled to [0, 1] for 8-bit images);
+    ``train_y`` and ``test_y`` are int64. ``augment`` says whether training batches
+    should go through :func:`augment_batch`. Tokens (``kind == "tokens"``): ``*_x``
+    int64 ``N x T`` windows of text, ``*_y`` the next token at each position (the
+    classes: ``num_classes`` the vocabulary).
     """
 
     name: str
@@ -76,6 +90,12 @@ class Dataset:
     augment: bool
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
+    kind: str = "images"
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per sequence (T; token data only)."""
+        return self.train_x.shape[1]
 
     @property
     def channels(self) -> int:
@@ -221,11 +241,13 @@ def load_dataset(
     augment: bool | None = None,
     train_size: int | None = None,
     test_size: int | None = None,
+    seq_len: int | None = None,
 ) -> Dataset:
     """Load dataset ``name`` (one of :data:`DATASETS`) into a normalised :class:`Dataset`.
 
     ``train_size`` / ``test_size`` keep the first n examples (for quick runs; for
-    ``synthetic`` they set how many are generated: defaults 2000 and 500).
+    ``synthetic`` they set how many are generated: defaults 2000 and 500; for ``text``,
+    sequences of ``seq_len`` tokens, default 64).
     ``seed`` only matters for ``synthetic``. ``augment`` defaults to True for
     CIFAR and False otherwise. Raises :class:`ConfigError` for a bad name or size
     and :class:`DataError` for missing or corrupt files.
@@ -262,6 +284,14 @@ def load_dataset(
         from dana.data.tensors import read_tensors
 
         train_x, train_y, test_x, test_y, num_classes = read_tensors(data_dir)
+    elif name == "text":
+        from dana.data.text import VOCAB, read_text
+
+        _check_size("seq_len", seq_len)
+        if augment:
+            raise ConfigError("--augment flips and crops images; --dataset text has none")
+        train_x, train_y, test_x, test_y = read_text(data_dir, seq_len or 64)
+        num_classes = VOCAB
     else:
         train_x, train_y, test_x, test_y = _load_idx(name, data_dir)
     _check_size("train_size", train_size, train_x.shape[0])
@@ -274,6 +304,8 @@ def load_dataset(
                 f"{name}: the {split} set is empty (0 examples{f' in {data_dir}' if data_dir else ''}); "
                 "give a --data-dir whose files hold examples"
             )
+    if name == "text":
+        return Dataset(name, train_x, train_y, test_x, test_y, num_classes, False, kind="tokens")
     train_x, test_x, (mean, std) = _normalise(train_x, test_x)
     return Dataset(
         name=name,

@@ -38,16 +38,18 @@ def _grid_axis(text: str) -> tuple[str, list[Any]]:
     return canonical_key(key), [yaml_value(v) for v in values.split(",")]
 
 
-def _percent(text: str) -> float:
+def _target(text: str) -> float:
+    """A test error in percent (``12.5`` or ``12.5%``), or a test loss for a report that
+    compares losses; the report checks it against its metric."""
     try:
         value = float(text.rstrip("%"))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected a test error in percent, got {text!r}"
+            f"expected a test error in percent (or a test loss), got {text!r}"
         ) from None
-    if not 0 < value <= 100:
-        raise argparse.ArgumentTypeError(f"--target is a percentage in (0, 100], got {value}")
-    return value / 100
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--target must be positive, got {value}")
+    return value
 
 
 # -- dana sweep ---------------------------------------------------------------------------
@@ -146,6 +148,12 @@ def add_sweep_parser(sub) -> None:
         help="keep finished runs' checkpoint.pt (default: delete them once summary.json exists)",
     )
     run.add_argument(
+        "--no-models",
+        dest="keep_models",
+        action="store_false",
+        help="delete finished runs' final model.safetensors (default: every run keeps it)",
+    )
+    run.add_argument(
         "--reuse",
         action="append",
         default=[],
@@ -158,7 +166,10 @@ def add_sweep_parser(sub) -> None:
         "--report", action="store_true", help="write the report and print its table at the end"
     )
     run.add_argument(
-        "--target", type=_percent, default=None, help="with --report: target test error in %%"
+        "--target",
+        type=_target,
+        default=None,
+        help="with --report: target test error in %% (a test loss for language models)",
     )
     p.set_defaults(func=cmd_sweep)
 
@@ -218,6 +229,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         import_mlflow()
     out = args.out or args.resume or f"results/{args.preset or 'sweep'}"
+    from dana.train.rundir import check_local
+
+    check_local(out)
     if args.dry_run:
         from dana.experiments.layout import NEW
         from dana.experiments.reuse import ReusableRuns
@@ -239,6 +253,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         keep_checkpoints=args.keep_checkpoints,
         threads=args.threads,
         reuse=args.reuse,
+        keep_models=args.keep_models,
     )
     reused = f"{result.count('reused')} reused, " if args.reuse else ""
     print(
@@ -271,10 +286,12 @@ def add_report_parser(sub) -> None:
     p.add_argument("--out", default=None, help="where to write report.md and plots (default DIR)")
     p.add_argument(
         "--target",
-        type=_percent,
+        type=_target,
         default=None,
         help="test error in %% for time-to-target (default: two targets, the one-worker "
-        "baseline's final error + 0.5 and + 1 percentage points)",
+        "baseline's final error + 0.5 and + 1 percentage points); for language models, "
+        "and runs without an error rate, a test loss (default: the baseline's + 0.01 and "
+        "+ 0.02)",
     )
     p.add_argument("--baseline", default=None, help="algorithm whose k=1 runs are the baseline")
     p.add_argument(
@@ -288,6 +305,11 @@ def add_report_parser(sub) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from dana.train.rundir import check_local
+
+    for flag, value in (("DIR", args.dir), ("--out", args.out), ("--export", args.export)):
+        if value is not None:
+            check_local(value, flag)
     path = args.dir
     if args.export:
         from dana.experiments.export import export_results
@@ -302,12 +324,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _print_report(path: str, out: str | None, target: float | None, baseline: str | None) -> None:
     from dana.experiments.report import build_report
 
-    report = build_report(path, out, target=target, baseline=baseline)
-    print("Final test error (%), mean ± std over seeds:")
+    report = build_report(path, out, target=target, baseline=baseline, target_in_percent=True)
+    print(f"Final {report.metric.title}, mean ± std over seeds:")
     print(report.error_table)
     for target in report.targets:
         print(
-            f"Time-to-target target: {100 * target.value:.2f}% test error"
+            f"Time-to-target target: {report.metric.show(target.value)}"
             + (
                 " (not used: the baseline reaches it at its first evaluation)"
                 if target.skip

@@ -9,6 +9,10 @@ points: the mean over the seeds that finished without diverging, ± half their r
 more than one did, and ``diverged d/n`` when d of the n seeds diverged (the divergence
 rule of :mod:`dana.experiments.table`).
 
+Where the report compares the test loss (language models, runs without an error rate:
+:class:`~dana.experiments.results.Metric`) the cells are differences in loss and there is
+no verdict: the claim's thresholds are in points of test error.
+
 Under the table, one sentence per k judges the claim from the numbers shown (two
 decimals): DANA-Slim (DANA-Zero when there is no DANA-Slim row) is *within*
 :data:`WITHIN_PP` of the baseline when no seed diverged and its difference is at most
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dana.experiments.results import Group, Results
+from dana.experiments.results import Group, Metric, Results, perplexity_text
 
 #: DANA is "within" this many percentage points of the baseline.
 WITHIN_PP = 1.0
@@ -54,6 +58,20 @@ GLANCE_RULE = (
 )
 
 
+#: The table's rule where the report compares the test loss.
+LOSS_GLANCE_RULE = (
+    "Each cell after the baseline's: the final test loss minus the one-worker baseline's "
+    "mean final test loss: the mean over the seeds that finished without diverging, ± "
+    "half their range when more than one did; `diverged d/n`: d of the n seeds diverged. "
+    "The baseline's column: its mean final test loss ± half the range over its seeds."
+)
+
+
+def glance_rule(metric: Metric) -> str:
+    """The table's rule, as the report states it."""
+    return GLANCE_RULE if metric.is_error else LOSS_GLANCE_RULE
+
+
 @dataclass
 class Difference:
     """One cell: the final error minus the baseline's, in percentage points."""
@@ -63,6 +81,7 @@ class Difference:
     diverged: int
     runs: int
     failed: int = 0
+    loss: bool = False  # a difference in test loss (four decimals), not in pp
 
     @property
     def shown(self) -> float | None:
@@ -74,9 +93,10 @@ class Difference:
             if self.diverged:
                 return f"diverged {self.diverged}/{self.runs}"
             return "failed" if self.failed == self.runs and self.runs else "pending"
-        text = f"{self.mean:+.2f}"
+        digits = 4 if self.loss else 2
+        text = f"{self.mean:+.{digits}f}"
         if self.half_range is not None:
-            text += f" ± {self.half_range:.2f}"
+            text += f" ± {self.half_range:.{digits}f}"
         notes = [f"diverged {self.diverged}/{self.runs}"] if self.diverged else []
         if self.failed:
             notes.append(f"failed {self.failed}/{self.runs}")
@@ -90,11 +110,14 @@ class Difference:
 
 
 def difference(group: Group, baseline_error: float) -> Difference:
-    """The cell of ``group`` against the baseline's mean final error (a fraction)."""
-    errors = 100 * (group.errors() - baseline_error)
+    """The cell of ``group`` against the baseline's mean final value (an error as a
+    fraction: the difference in pp; a loss: in loss)."""
+    metric = group.metric
+    errors = metric.scale * (group.finals() - baseline_error)
     mean = float(errors.mean()) if len(errors) else None
     half = float(errors.max() - errors.min()) / 2 if len(errors) > 1 else None
-    return Difference(mean, half, group.diverged, len(group.runs), group.failed)
+    loss = not metric.is_error
+    return Difference(mean, half, group.diverged, len(group.runs), group.failed, loss)
 
 
 def glance_rows(results: Results) -> list[str]:
@@ -107,9 +130,9 @@ def glance_cells(results: Results) -> dict[int, dict[str, Difference]]:
     """Per k > 1, per row of :func:`glance_rows` run at that k: its :class:`Difference`.
     Empty when there is no finished one-worker baseline."""
     base = results.baseline()
-    if base is None or not len(base.errors()):
+    if base is None or not len(base.finals()):
         return {}
-    error = float(base.errors().mean())
+    error = float(base.finals().mean())
     rows = glance_rows(results)
     return {
         k: {
@@ -128,13 +151,19 @@ def glance_table(results: Results) -> str:
     if not cells:
         return ""
     base = results.baseline()
-    errors = 100 * base.errors()
-    base_text = f"{errors.mean():.2f}" + (
-        f" ± {(errors.max() - errors.min()) / 2:.2f}" if len(errors) > 1 else ""
+    metric = results.metric
+    errors, digits = metric.scale * base.finals(), metric.digits
+    base_text = f"{errors.mean():.{digits}f}" + (
+        f" ± {(errors.max() - errors.min()) / 2:.{digits}f}" if len(errors) > 1 else ""
     )
+    if metric.perplexity:
+        base_text += f" (perplexity {perplexity_text(errors.mean())})"
     rows = glance_rows(results)
+    unit = "%" if metric.is_error else metric.name
     lines = [
-        "| k | baseline k=1 (%) | " + " | ".join(f"{r} (pp)" for r in rows) + " |",
+        f"| k | baseline k=1 ({unit}) | "
+        + " | ".join(f"{r} ({metric.unit or 'difference'})" for r in rows)
+        + " |",
         "|" + "---|" * (len(rows) + 2),
     ]
     for k, by_row in cells.items():
@@ -188,5 +217,19 @@ def glance_sentence(k: int, by_row: dict[str, Difference]) -> str:
 
 
 def glance_sentences(results: Results) -> list[str]:
-    """One :func:`glance_sentence` per k > 1."""
-    return [glance_sentence(k, by_row) for k, by_row in glance_cells(results).items()]
+    """One :func:`glance_sentence` per k > 1; where the report compares the test loss,
+    one sentence saying why there is no verdict."""
+    cells = glance_cells(results)
+    if cells and not results.metric.is_error:
+        return [no_verdict(results.metric)]
+    return [glance_sentence(k, by_row) for k, by_row in cells.items()]
+
+
+def no_verdict(metric: Metric) -> str:
+    """Why a report on the test loss judges no claim."""
+    what = "language models" if metric.perplexity else "runs without an error rate"
+    return (
+        f"No verdict: these are {what}, compared on the {metric.name} (a difference of "
+        "0.01 is a perplexity 1% higher); the claim's thresholds (within "
+        f"{WITHIN_PP:g} pp, worse by more than {WORSE_PP:g} pp) are in points of test error."
+    )

@@ -1,5 +1,9 @@
 """The report's PNG figures, each written atomically.
 
+Each shows the report's metric (:class:`~dana.experiments.results.Metric`): the test
+error in %, or the test loss where there is no error to compare (a language model's
+with its perplexity, ``exp(loss)``, on a second axis).
+
 - ``error_curves.png``: test error against epochs, one panel per worker count, one line
   per algorithm (mean over seeds at each evaluation), the baseline dashed in each panel;
 - ``error_vs_workers.png``: final test error against k, one line per algorithm, the
@@ -31,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from dana.atomic import atomic_path
-from dana.experiments.results import Group, Results
+from dana.experiments.results import Group, Metric, Results
 from dana.experiments.targets import Target, speedup_bounds, speedup_cells
 
 
@@ -66,15 +70,53 @@ def _styles(rows: list[str]) -> dict[str, dict[str, str]]:
 
 
 def mean_curve(group: Group) -> tuple[np.ndarray, np.ndarray]:
-    """(epochs, mean test error in %) over the group's runs, at each evaluation epoch
-    where every run that got that far has a finite error (a diverged run ends early)."""
+    """(epochs, mean of the metric: test error in %, or test loss) over the group's
+    runs, at each evaluation epoch where every run that got that far has a finite
+    value (a diverged run ends early)."""
     by_epoch: dict[float, list[float]] = defaultdict(list)
+    key, scale = group.metric.key, group.metric.scale
     for run in group.runs:
         for row in run.metrics:
-            if math.isfinite(row["test_error"]):
-                by_epoch[round(row["epoch"], 6)].append(row["test_error"])
+            if math.isfinite(row[key]):
+                by_epoch[round(row["epoch"], 6)].append(row[key])
     epochs = np.array(sorted(by_epoch))
-    return epochs, np.array([100 * np.mean(by_epoch[e]) for e in epochs])
+    return epochs, np.array([scale * np.mean(by_epoch[e]) for e in epochs])
+
+
+#: A loss plot's y axis ends at this many times the largest test loss at the start (a
+#: language model's: about log(vocabulary), chance): a run that blew up is off scale.
+LOSS_CLIP_FACTOR = 1.5
+
+
+def loss_ceiling(results: Results) -> float:
+    """Where a loss plot's y axis ends: :data:`LOSS_CLIP_FACTOR` times the largest finite
+    test loss of a first row (at the start) of any run; inf where there is none, or
+    where the report compares the test error."""
+    if results.metric.is_error:
+        return math.inf
+    starts = [
+        r.metrics[0][results.metric.key]
+        for r in results.runs
+        if r.metrics and math.isfinite(r.metrics[0][results.metric.key])
+    ]
+    return LOSS_CLIP_FACTOR * max(starts) if starts and max(starts) > 0 else math.inf
+
+
+def _perplexity_axis(ax, metric: Metric) -> None:
+    """A second y axis giving a language model's loss as its perplexity, exp(loss)."""
+    if metric.perplexity:
+        from matplotlib.ticker import LogLocator
+
+        def forward(v):
+            return np.exp(np.minimum(v, 700.0))
+
+        def inverse(v):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return np.log(np.maximum(v, 1e-300))
+
+        axis = ax.secondary_yaxis("right", functions=(forward, inverse))
+        axis.yaxis.set_major_locator(LogLocator(base=10.0, subs=(1.0, 2.0, 5.0)))
+        axis.set_ylabel("perplexity")
 
 
 def plot_error_curves(results: Results, path: Path) -> Path:
@@ -87,17 +129,32 @@ def plot_error_curves(results: Results, path: Path) -> Path:
     )
     styles = _styles(results.rows)
     base = results.baseline()
+    ceiling = loss_ceiling(results)
+    shown: list[float] = []  # the plotted values under the ceiling
     for ax, k in zip(axes.flat, ks):
         if base is not None:
-            ax.plot(*mean_curve(base), "k--", lw=1.2, label=f"{base.row} k=1 (baseline)")
+            epochs, values = mean_curve(base)
+            ax.plot(epochs, values, "k--", lw=1.2, label=f"{base.row} k=1 (baseline)")
+            shown += [v for v in values if v <= ceiling]
         for row in results.rows:
             group = results.group(row, k)
             if group is None or group is base:
                 continue
             epochs, errors = mean_curve(group)
             ax.plot(epochs, errors, **styles[row], marker=".", label=row)
-        ax.set(title=f"k = {k}", xlabel="epoch", ylabel="test error (%)")
+            shown += [v for v in errors if v <= ceiling]
+        ax.set(
+            title=f"k = {k}",
+            xlabel="epoch",
+            ylabel=results.metric.title.replace(" (perplexity)", ""),
+        )
         ax.grid(alpha=0.3)
+    if shown and max(ax.get_ylim()[1] for ax in axes.flat[: len(ks)]) > ceiling:
+        # a run that blew up leaves the shared axis at the top
+        low, high = min(shown), max(shown)
+        axes.flat[0].set_ylim(low - 0.05 * (high - low), ceiling)
+    for ax in axes.flat[: len(ks)]:
+        _perplexity_axis(ax, results.metric)
     for ax in list(axes.flat)[len(ks) :]:
         ax.axis("off")
     fig.tight_layout()
@@ -224,9 +281,9 @@ def _jitter(ks: list[int], index: int, count: int) -> list[float]:
     return [k * 2 ** (0.05 * (index - (count - 1) / 2)) for k in ks]
 
 
-def _legend_outside(ax) -> None:
+def _legend_outside(ax, right: float = 1.02) -> None:
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(right, 0.5))
 
 
 def _workers_axis(ax, results: Results) -> None:
@@ -240,22 +297,27 @@ def error_vs_workers_figure(results: Results):
     """The figure of ``error_vs_workers.png`` (its axes: ``fig.axes[0]``)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    metric = results.metric
     series = _points(
-        results, lambda g: 100 * float(np.mean(g.errors())) if len(g.errors()) else math.nan
+        results,
+        lambda g: metric.scale * float(np.mean(g.finals())) if len(g.finals()) else math.nan,
     )
-    top = min(100.0, robust_top(series, ERROR_CLIP_FACTOR))
-    _draw_against_workers(ax, results, series, top if math.isfinite(top) else 100.0, log=False)
+    ceiling = 100.0 if metric.is_error else loss_ceiling(results)
+    top = min(ceiling, robust_top(series, ERROR_CLIP_FACTOR))
+    _draw_against_workers(ax, results, series, top if math.isfinite(top) else ceiling, log=False)
     base = results.baseline()
-    if base is not None and len(base.errors()):
-        level = 100 * float(base.errors().mean())
+    if base is not None and len(base.finals()):
+        level = metric.scale * float(base.finals().mean())
         ax.axhline(level, color="k", ls="--", lw=1, label="baseline k=1")
         bottom, top = ax.get_ylim()  # (set before the line: it must lie inside them)
         if level < bottom:
             ax.set_ylim(max(0.0, level - 0.05 * (top - level)), top)
-    ax.set(ylabel="final test error (%)", title="final test error (mean over seeds)")
+    name = metric.title.replace(" (perplexity)", "")
+    ax.set(ylabel=f"final {name}", title=f"final {metric.name} (mean over seeds)")
+    _perplexity_axis(ax, metric)
     _workers_axis(ax, results)
     fig.tight_layout()
-    _legend_outside(ax)
+    _legend_outside(ax, 1.14 if metric.perplexity else 1.02)
     return fig
 
 
@@ -299,7 +361,7 @@ def speedups_figure(results: Results, targets: list[Target]):
     styles = _styles(results.rows)
     for column, target in enumerate(targets):
         ax, grid = axes[0, column], axes[1, column]
-        title = f"speed-up over ssgd to {100 * target.value:.2f}% test error"
+        title = f"speed-up over ssgd to {results.metric.show(target.value)}"
         ax.set(ylabel="speed-up over ssgd (simulated time)", title=title)
         _workers_axis(ax, results)
         ax.set_xticks(ks, [str(k) for k in ks])
@@ -395,18 +457,19 @@ def plot_speedups(results: Results, targets: list[Target], path: Path) -> Path:
 
 
 def mean_time_curve(group: Group) -> tuple[np.ndarray, np.ndarray]:
-    """(simulated time in s, mean test error in %) over the group's runs at each
-    evaluation epoch every run reached with a finite error: the mean of their times and
-    of their errors there."""
+    """(simulated time in s, mean of the metric: test error in %, or test loss) over the
+    group's runs at each evaluation epoch every run reached with a finite value: the
+    mean of their times and of their values there."""
+    key, scale = group.metric.key, group.metric.scale
     by_epoch: dict[float, list[tuple[float, float]]] = defaultdict(list)
     for run in group.runs:
         for row in run.metrics:
-            if math.isfinite(row["test_error"]) and math.isfinite(row["sim_time"]):
-                by_epoch[round(row["epoch"], 6)].append((row["sim_time"], row["test_error"]))
+            if math.isfinite(row[key]) and math.isfinite(row["sim_time"]):
+                by_epoch[round(row["epoch"], 6)].append((row["sim_time"], row[key]))
     n = len(group.runs)
     epochs = [e for e in sorted(by_epoch) if len(by_epoch[e]) == n]
     times = np.array([np.mean([t for t, _ in by_epoch[e]]) / 1000 for e in epochs])
-    errors = np.array([100 * np.mean([err for _, err in by_epoch[e]]) for e in epochs])
+    errors = np.array([scale * np.mean([err for _, err in by_epoch[e]]) for e in epochs])
     return times, errors
 
 
@@ -435,7 +498,8 @@ def plot_error_vs_time(panels: dict[str, Results], path: Path) -> Path:
                 continue
             ax.plot(*mean_time_curve(group), **styles[row], marker=".", ms=3, label=row)
         title = f"{label}, k = {k}" if label else f"k = {k}"
-        ax.set(title=title, xlabel="simulated time (s)", ylabel="test error (%)")
+        ylabel = results.metric.title.replace(" (perplexity)", "")
+        ax.set(title=title, xlabel="simulated time (s)", ylabel=ylabel)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(cells) :]:
         ax.axis("off")

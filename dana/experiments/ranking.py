@@ -6,12 +6,13 @@ results directory without panels is one. On a panel, at each ``k > 1``, the meth
 (rows) are ranked twice:
 
 - **by time**: by the simulated time to the first near-baseline target (the panel's
-  one-worker baseline's final error + 0.5 pp: :func:`~dana.experiments.targets.choose_targets`),
-  ties and the methods that never reached it by the time to the second (+ 1 pp), then
-  by final error; a group's time is its mean over seeds, defined when every seed
-  reached the target (:func:`~dana.experiments.targets.group_time`);
-- **by final error**: the mean over the seeds that did not diverge; a method whose every
-  seed diverged comes last.
+  one-worker baseline's final error + 0.5 pp, or a loss + 0.01:
+  :func:`~dana.experiments.targets.choose_targets`), ties and the methods that never
+  reached it by the time to the second (+ 1 pp, + 0.02), then by the final value; a
+  group's time is its mean over seeds, defined when every seed reached the target
+  (:func:`~dana.experiments.targets.group_time`);
+- **by final value** (the report's metric: the test error, or the test loss): the mean
+  over the seeds that did not diverge; a method whose every seed diverged comes last.
 
 The bias meter (``summary.json``'s ``applied_class_counts`` against
 ``data_class_counts``): for each run, each class's share of the examples behind the
@@ -32,10 +33,11 @@ from dana.experiments.targets import Target, group_time
 #: The rule, as the report states it.
 RANKING_RULE = (
     "Ranked at each k by the simulated time to the first target (the panel's one-worker "
-    "baseline's final error + 0.5 pp), then to the second (+ 1 pp), then by final error; "
-    "a time is the mean over seeds, defined when every seed reached the target (times in "
-    "simulated seconds). The rank by final error is the order of the mean final error "
-    "over the seeds that did not diverge (a method whose every seed diverged last)."
+    "baseline's final value + 0.5 pp of error, or + 0.01 of loss), then to the second "
+    "(+ 1 pp, + 0.02), then by the final value; a time is the mean over seeds, defined "
+    "when every seed reached the target (times in simulated seconds). The rank by final "
+    "value is the order of its mean over the seeds that did not diverge (a method whose "
+    "every seed diverged last)."
 )
 BIAS_RULE = (
     "Each class's share of the examples behind the pushes the master applied (a local "
@@ -55,7 +57,7 @@ class Ranked:
     workers: int
     times: list[float | None]  # per used target: mean time (ms), None if not reached
     reached: list[str]  # per used target: "" or "2/3"
-    error: float  # mean final error (fraction), NaN when none
+    error: float  # mean final value of the metric (an error as a fraction), NaN when none
     diverged: bool  # every seed diverged
     time_rank: int = 0
     error_rank: int = 0
@@ -75,7 +77,7 @@ def rank(results: Results, targets: list[Target]) -> dict[int, list[Ranked]]:
             time, hit, n = group_time(group, target.value)
             times.append(time)
             reached.append("" if time is not None else f"{hit}/{n}")
-        errors = group.errors()
+        errors = group.finals()
         error = float(errors.mean()) if len(errors) else math.nan
         diverged = group.diverged == len(group.results)
         by_k.setdefault(k, []).append(Ranked(row, k, times, reached, error, diverged))
@@ -99,9 +101,10 @@ def rank(results: Results, targets: list[Target]) -> dict[int, list[Ranked]]:
 def ranking_table(results: Results, targets: list[Target]) -> str:
     """The ranking of one panel as a markdown table (one block of rows per ``k``)."""
     used = [t for t in targets if t.skip is None]
+    metric = results.metric
     head = ["k", "rank by time", "method"]
-    head += [f"time to {100 * t.value:.2f}% (s)" for t in used]
-    head += ["final error (%)", "rank by error"]
+    head += [f"time to {metric.show(t.value)} (s)" for t in used]
+    head += [f"final {metric.title}", "rank by final"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k, entries in rank(results, targets).items():
         for entry in entries:
@@ -110,15 +113,17 @@ def ranking_table(results: Results, targets: list[Target]) -> str:
                 cells.append(
                     f"{time / 1000:.4g}" if time is not None else f"not reached ({reached})"
                 )
-            error = "diverged" if entry.diverged else f"{100 * entry.error:.2f}"
+            error = (
+                "diverged" if entry.diverged else f"{metric.scale * entry.error:.{metric.digits}f}"
+            )
             cells += [error, str(entry.error_rank)]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def overview_table(panels: dict[str, tuple[Results, list[Target]]]) -> str:
-    """Each method's ranks (by time / by error) on every panel, at each panel's largest
-    ``k``: one column per panel."""
+    """Each method's ranks (by time / by final value) on every panel, at each panel's
+    largest ``k``: one column per panel."""
     columns = list(panels)
     cells: dict[str, dict[str, str]] = {}
     for label, (results, targets) in panels.items():

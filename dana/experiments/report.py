@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from dana.atomic import write_text_atomic
+from dana.errors import DanaError
 from dana.experiments import plots
-from dana.experiments.glance import GLANCE_RULE, glance_sentences, glance_table
+from dana.experiments.glance import glance_rule, glance_sentences, glance_table
 from dana.experiments.ranking import (
     BIAS_RULE,
     RANKING_RULE,
@@ -25,7 +26,14 @@ from dana.experiments.ranking import (
     overview_table,
     ranking_table,
 )
-from dana.experiments.results import Results, load_results, setting_text, sweep_record
+from dana.experiments.results import (
+    TEST_ERROR,
+    Metric,
+    Results,
+    load_results,
+    setting_text,
+    sweep_record,
+)
 from dana.experiments.table import (
     ERROR_RULE,
     error_table,
@@ -77,6 +85,7 @@ class Report:
     target: float | None
     files: list[Path] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)
+    metric: Metric = TEST_ERROR
 
 
 def build_report(
@@ -85,17 +94,24 @@ def build_report(
     *,
     target: float | None = None,
     baseline: str | None = None,
+    target_in_percent: bool = False,
 ) -> Report:
     """Read the results under ``path`` and write report.md and the plots into ``out``.
 
-    Time to target: ``target`` (a fraction) if given, else the baseline's final error
-    + 0.5 pp and + 1 pp (:func:`~dana.experiments.targets.choose_targets`). Where the
+    Time to target: ``target`` if given (a test error as a fraction, or where the report
+    compares the test loss, a loss; ``target_in_percent``: a test error given in percent,
+    as ``--target`` gives it), else the baseline's final error + 0.5 pp and + 1 pp (a
+    loss: + 0.01 and + 0.02; :func:`~dana.experiments.targets.choose_targets`). Where the
     runs differ in a panel setting (a cluster, the data per worker:
     :meth:`~dana.experiments.results.Results.panels`), the methods are ranked on each
     panel first (:mod:`dana.experiments.ranking`), then each panel is reported on its
-    own, with its own baseline and targets; runs on a cluster also get the plot of test
-    error against simulated time, and runs that counted their classes the bias meter."""
+    own, with its own baseline and targets; runs on a cluster also get the plot of the
+    metric against simulated time, and runs that counted their classes the bias meter."""
     results = load_results(path, baseline)
+    if target is not None and target_in_percent and results.metric.is_error:
+        if not 0 < target <= 100:
+            raise DanaError(f"--target is a test error in %, in (0, 100], got {target:g}")
+        target = target / 100
     out = Path(out) if out is not None else Path(path)
     lines = _header(results)
     panels = results.panels()
@@ -135,7 +151,7 @@ def build_report(
     report_file = out / "report.md"
     write_text_atomic(report_file, text)
     used = next((t.value for t in targets if t.skip is None), None)
-    return Report(text, table, used, [report_file, *files], targets)
+    return Report(text, table, used, [report_file, *files], targets, results.metric)
 
 
 def _section(
@@ -164,12 +180,13 @@ def _slug(label: str) -> str:
 
 def _which_first(views: dict[str, tuple[Results, list[Target]]], level: int) -> list[str]:
     """The section "Which method first": the ranks on every panel, then each panel's
-    ranking, then the plot of test error against simulated time."""
+    ranking, then the plot of the metric against simulated time."""
     h = "#" * level
     lines = [f"{h} Which method first, on this cluster", "", RANKING_RULE, ""]
     if len(views) > 1:
         lines += [
-            "Each method's rank by time / rank by final error, on each panel (at its largest k):",
+            "Each method's rank by time / rank by its final value, on each panel (at its "
+            "largest k):",
             "",
             overview_table(views),
             "",
@@ -179,18 +196,13 @@ def _which_first(views: dict[str, tuple[Results, list[Target]]], level: int) -> 
             lines += [f"{h}# {label[0].upper()}{label[1:]}", ""]
         used = [t for t in targets if t.skip is None]
         if not used:
-            lines += [
-                "No target to rank by time: "
-                + (targets[0].skip if targets else "there is no finished one-worker baseline."),
-                "",
-            ]
+            why = targets[0].skip if targets else "there is no finished one-worker baseline."
+            lines += [f"No target to rank by time: {why}", ""]
         else:
-            lines += [
-                "Targets: " + "; ".join(t.text for t in used) + ".",
-                "",
-            ]
+            lines += ["Targets: " + "; ".join(t.text for t in used) + ".", ""]
         lines += [ranking_table(results, targets), ""]
-    lines += ["![test error vs simulated time](error_vs_time.png)", ""]
+    metric = next(iter(views.values()))[0].metric
+    lines += [f"![{metric.name} vs simulated time](error_vs_time.png)", ""]
     return lines
 
 
@@ -224,8 +236,9 @@ def _header(results: Results) -> list[str]:
 def _body(
     results: Results, table: str, targets: list[Target], level: int = 2, suffix: str = ""
 ) -> list[str]:
-    """The sections of one set of runs: settings that vary, the claim at a glance, final
-    error, gap, time to target and speed-up (headings at ``level``, plots ``suffix``ed)."""
+    """The sections of one set of runs: settings that vary, the claim at a glance, the
+    final metric, gap, time to target and speed-up (headings at ``level``, plots
+    ``suffix``ed)."""
     h = "#" * level
     scaled = has_scaled_ssgd(results)
     lines: list[str] = []
@@ -234,18 +247,21 @@ def _body(
             f"Settings that vary besides algorithm, k and seed: {', '.join(results.row_keys)}.",
             "",
         ]
+    metric = results.metric
+    if not metric.is_error:
+        lines += [_metric_text(results), ""]
     lines += _glance(results, h)
     lines += [
-        f"{h} Final test error (%)",
+        f"{h} Final {metric.title}",
         "",
         table,
         "",
         ERROR_RULE,
         _baseline_text(results),
         "",
-        f"![final error vs workers](error_vs_workers{suffix}.png)",
+        f"![final {metric.name.removeprefix('test ')} vs workers](error_vs_workers{suffix}.png)",
         "",
-        f"![test error vs epochs](error_curves{suffix}.png)",
+        f"![{metric.name} vs epochs](error_curves{suffix}.png)",
         "",
         f"{h} Mean gap",
         "",
@@ -321,19 +337,39 @@ def _glance(results: Results, h: str = "##") -> list[str]:
     table = glance_table(results)
     lines = [f"{h} The claim at a glance", ""]
     if not table:
-        if results.baseline() is None or not len(results.baseline().errors()):
+        if results.baseline() is None or not len(results.baseline().finals()):
             return lines + ["No finished one-worker baseline to compare with.", ""]
         return lines + ["No runs with k > 1 to compare with the baseline.", ""]
     lines += [
-        "Final test error minus the one-worker baseline's, in percentage points "
-        "(positive: worse than the baseline):",
+        (
+            "Final test error minus the one-worker baseline's, in percentage points "
+            "(positive: worse than the baseline):"
+            if results.metric.is_error
+            else "Final test loss minus the one-worker baseline's (positive: worse than "
+            "the baseline):"
+        ),
         "",
         table,
         "",
-        GLANCE_RULE,
+        glance_rule(results.metric),
         "",
     ]
     return lines + [f"- {sentence}" for sentence in glance_sentences(results)] + [""]
+
+
+def _metric_text(results: Results) -> str:
+    """What a report on the test loss compares, and why."""
+    if results.metric.perplexity:
+        return (
+            "These are language models: the report compares the test loss (the mean "
+            "cross-entropy of every next token, in nats), each with its perplexity "
+            "exp(loss) in brackets in the tables and on the plots' right axis; "
+            "metrics.csv also holds the next-token error."
+        )
+    return (
+        "These runs have no error rate (their targets are not classes): the report "
+        "compares the test loss."
+    )
 
 
 def _baseline_text(results: Results) -> str:

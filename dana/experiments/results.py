@@ -11,6 +11,12 @@ group are its samples. A cluster shows as its name (``cluster=geo``). Where the 
 differ in a *panel* setting (:data:`PANEL_KEYS`: the cluster, the data per worker),
 :meth:`Results.panels` gives the runs of each panel as results of their own, so that a
 method is compared with the others on the same cluster and data.
+
+group are its samples.
+
+A report compares one :class:`Metric` (:func:`choose_metric`): the test error (in %),
+or the test loss where there is no error to compare: language models (shown with their
+perplexity, ``exp(loss)``) and runs whose metrics have no error rate (a regression).
 """
 
 from __future__ import annotations
@@ -27,6 +33,85 @@ import numpy as np
 from dana.errors import DanaError
 from dana.train.config import TrainConfig
 from dana.train.rundir import RunDir
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What a report compares: a column of ``metrics.csv`` (``key``), its final value in
+    ``summary.json`` (``final_key``), how it is named and shown. ``scale``: 100 for an
+    error shown in percent (differences in percentage points, "pp"), 1 for a loss.
+    ``offsets``: the default time-to-target targets, the baseline's final value plus
+    each (:func:`~dana.experiments.targets.choose_targets`). ``perplexity``: also show
+    ``exp(value)`` (a language model's loss)."""
+
+    key: str
+    final_key: str
+    name: str
+    scale: float
+    offsets: tuple[float, ...]
+    perplexity: bool = False
+
+    @property
+    def is_error(self) -> bool:
+        return self.key == "test_error"
+
+    @property
+    def title(self) -> str:
+        """``test error (%)``, ``test loss``, ``test loss (perplexity)``."""
+        if self.is_error:
+            return f"{self.name} (%)"
+        return f"{self.name} (perplexity)" if self.perplexity else self.name
+
+    @property
+    def unit(self) -> str:
+        """The unit of a difference: ``pp`` (percentage points), or none for a loss."""
+        return "pp" if self.is_error else ""
+
+    @property
+    def digits(self) -> int:
+        """Decimals shown: 2 of an error in % (of ``scale * value``), 4 of a loss."""
+        return 2 if self.is_error else 4
+
+    def show(self, value: float) -> str:
+        """A value in a sentence: ``12.34% test error``, ``test loss 1.2345
+        (perplexity 3.44)``."""
+        if self.is_error:
+            return f"{self.scale * value:.2f}% {self.name}"
+        text = f"{self.name} {value:.4f}"
+        return text + (f" (perplexity {perplexity_text(value)})" if self.perplexity else "")
+
+
+#: The test error: every classifier's runs.
+TEST_ERROR = Metric("test_error", "final_test_error", "test error", 100.0, (0.005, 0.01))
+#: The test loss, where the runs have no error rate (NaN in metrics.csv).
+TEST_LOSS = Metric("test_loss", "final_test_loss", "test loss", 1.0, (0.01, 0.02))
+#: A language model's test loss (nats per token), shown with its perplexity; a target
+#: 0.01 above the baseline's is a perplexity 1% above it.
+LM_LOSS = Metric("test_loss", "final_test_loss", "test loss", 1.0, (0.01, 0.02), True)
+
+
+def perplexity_text(loss: float) -> str:
+    """``exp(loss)`` as a report shows it: ``16.50``, ``1.014e+304``, ``inf``."""
+    if math.isnan(loss):
+        return "nan"
+    value = math.exp(loss) if loss < 709.0 else math.inf
+    return f"{value:.2f}" if value < 1e6 else f"{value:.4g}"
+
+
+def choose_metric(runs: list[Run]) -> Metric:
+    """:data:`LM_LOSS` for language models (a ``text`` dataset, or rows with a test
+    perplexity), :data:`TEST_LOSS` when no run has a finite test error, else
+    :data:`TEST_ERROR`."""
+    if any(
+        r.config.get("dataset") == "text" or (r.metrics and "test_perplexity" in r.metrics[0])
+        for r in runs
+    ):
+        return LM_LOSS
+    finite = any(
+        math.isfinite(row.get("test_error", math.nan)) for r in runs for row in r.metrics
+    ) or any(math.isfinite(_number((r.summary or {}).get("final_test_error"))) for r in runs)
+    return TEST_ERROR if finite or not any(r.metrics or r.summary for r in runs) else TEST_LOSS
+
 
 #: Settings that never split rows: the axes of the table and the sample index, and
 #: settings that do not change the result.
@@ -65,6 +150,7 @@ class Run:
     summary: dict[str, Any] | None
     metrics: list[dict[str, float]]
     status: str  # finished, diverged, incomplete, failed
+    metric: Metric = TEST_ERROR  # what the report compares (load_results sets it)
 
     @property
     def algorithm(self) -> str:
@@ -79,11 +165,12 @@ class Run:
         return int(self.config.get("seed", 0))
 
     @property
-    def final_error(self) -> float:
-        """Final test error (NaN unless finished without diverging)."""
+    def final(self) -> float:
+        """The final value of the report's metric (NaN unless finished without
+        diverging)."""
         if self.status != "finished" or self.summary is None:
             return math.nan
-        return _number(self.summary.get("final_test_error"))
+        return _number(self.summary.get(self.metric.final_key))
 
     @property
     def mean_gap(self) -> float:
@@ -107,6 +194,11 @@ class Group:
     runs: list[Run] = field(default_factory=list)
 
     @property
+    def metric(self) -> Metric:
+        """The metric the report compares (its runs')."""
+        return self.runs[0].metric if self.runs else TEST_ERROR
+
+    @property
     def results(self) -> list[Run]:
         """The runs with a result: finished or diverged."""
         return [r for r in self.runs if r.status in ("finished", "diverged")]
@@ -119,9 +211,10 @@ class Group:
     def failed(self) -> int:
         return sum(1 for r in self.runs if r.status == "failed")
 
-    def errors(self) -> np.ndarray:
-        """Final test errors of the runs that finished without diverging."""
-        return np.array([r.final_error for r in self.runs if r.status == "finished"])
+    def finals(self) -> np.ndarray:
+        """The final values of the report's metric (test errors, or losses) of the runs
+        that finished without diverging."""
+        return np.array([r.final for r in self.runs if r.status == "finished"])
 
     def gaps(self) -> np.ndarray:
         """Mean gaps of the runs with a result (a diverged run's gap up to divergence)."""
@@ -138,6 +231,7 @@ class Results:
     baseline_algorithm: str | None = None
     groups: dict[tuple[str, int], Group] = field(default_factory=dict)
     row_keys: list[str] = field(default_factory=list)
+    metric: Metric = TEST_ERROR
     #: The panel settings (PANEL_KEYS) whose values differ between runs.
     panel_keys: list[str] = field(default_factory=list)
 
@@ -227,7 +321,9 @@ def load_results(path: str | Path, baseline: str | None = None) -> Results:
 
 def group_runs(path: Path, runs: list[Run], baseline: str | None) -> Results:
     """``runs`` grouped by row and worker count (see the module doc)."""
-    results = Results(path, runs, baseline)
+    results = Results(path, runs, baseline, metric=choose_metric(runs))
+    for run in runs:
+        run.metric = results.metric
     results.row_keys = _row_keys(runs)
     results.panel_keys = [k for k in PANEL_KEYS if k in results.row_keys]
     for run in runs:
@@ -267,9 +363,9 @@ def _run_order(path: Path):
     """Runs in the order of the sweep's cluster values where it has them (then by path)."""
     clusters = _grid_values(path, "cluster")
 
-    def key(run: Run) -> tuple[int, str]:
+    def key(run: Run) -> int:  # (a stable sort: otherwise the order they were found in)
         name = setting_text("cluster", run.config.get("cluster"))
-        return (clusters.index(name) if name in clusters else len(clusters), str(run.path))
+        return clusters.index(name) if name in clusters else len(clusters)
 
     return key
 

@@ -7,7 +7,8 @@ sets, or the sweep's own ``--threads``). Its output goes to ``OUT/logs/NAME.log`
 
 - A finished cell (``summary.json`` present) is skipped: rerunning a sweep only runs
   what is missing, and adding seeds or worker counts to a grid only runs the new cells.
-  A run that finishes has its checkpoint deleted, unless ``keep_checkpoints``.
+  A run that finishes has its checkpoint deleted, unless ``keep_checkpoints``, and
+  keeps its final model (``model.safetensors``), unless ``keep_models`` is false.
 - An interrupted cell continues from its checkpoint, or restarts when it has none: its
   run directory's files (those ``dana train`` writes) are removed first, and nothing
   else is: a cell whose directory holds files the program did not write fails, naming
@@ -41,6 +42,7 @@ from dana.experiments.grid import Cell, SweepSpec, expand
 from dana.experiments.layout import FINISHED, NEW, RESTART, RESUMABLE, SweepDir
 from dana.experiments.reuse import ReusableRuns, copy_run, remove_leftovers
 from dana.train.config import TrainConfig
+from dana.train.modelfile import MODEL_FILE
 from dana.train.resources import check_threads
 from dana.train.rundir import RunDir
 
@@ -118,7 +120,11 @@ def more_seeds(spec: SweepSpec, out: SweepDir, cells: list[Cell]) -> list[Cell]:
             continue
         summaries = [out.run_dir(c).read_summary() for c in group]
         diverged = [bool(s.get("diverged")) for s in summaries]
-        errors = [float(s["final_test_error"]) for s, d in zip(summaries, diverged) if not d]
+        errors = [
+            float(s["final_test_error"])
+            for s, d in zip(summaries, diverged)
+            if not d and isinstance(s.get("final_test_error"), int | float)
+        ]
         wide = (any(diverged) and not all(diverged)) or (
             len(errors) > 1 and max(errors) - min(errors) > spread
         )
@@ -142,10 +148,12 @@ def run_sweep(
     keep_checkpoints: bool = False,
     threads: int | None = None,
     reuse: list[str | Path] | tuple[str | Path, ...] = (),
+    keep_models: bool = True,
 ) -> SweepResult:
     """Run every cell of ``spec`` into the results directory ``out`` (see the module doc).
 
-    A finished run's ``checkpoint.pt`` is deleted unless ``keep_checkpoints``. Each run
+    A finished run's ``checkpoint.pt`` is deleted unless ``keep_checkpoints``, its
+    ``model.safetensors`` unless ``keep_models``. Each run
     uses ``threads`` CPU threads (default :func:`threads_per_job`). ``reuse``: results
     directories whose finished runs of a cell's settings are copied, not run again."""
     sweep = SweepDir(out)
@@ -156,7 +164,16 @@ def run_sweep(
     try:
         remove_leftovers(sweep.runs)
         _Runner(
-            spec, sweep, cells, jobs, progress, result, keep_checkpoints, threads, reusable
+            spec,
+            sweep,
+            cells,
+            jobs,
+            progress,
+            result,
+            keep_checkpoints,
+            threads,
+            reusable,
+            keep_models,
         ).run()
     finally:
         sweep.release()
@@ -177,9 +194,10 @@ class _Runner:
         keep_checkpoints: bool = False,
         threads: int | None = None,
         reusable: ReusableRuns | None = None,
+        keep_models: bool = True,
     ):
         self.spec, self.sweep, self.cells, self.result = spec, sweep, cells, result
-        self.keep_checkpoints = keep_checkpoints
+        self.keep_checkpoints, self.keep_models = keep_checkpoints, keep_models
         self.reusable = reusable
         self.jobs = max(1, jobs)
         self.threads = threads_per_job(self.jobs) if threads is None else check_threads(threads)
@@ -326,6 +344,8 @@ class _Runner:
             self.result.status[name] = outcome if outcome in ("finished", "diverged") else "failed"
             if outcome in ("finished", "diverged") and not self.keep_checkpoints:
                 self.sweep.run_dir(job.cell).checkpoint.unlink(missing_ok=True)
+            if outcome in ("finished", "diverged") and not self.keep_models:
+                (self.sweep.run_dir(job.cell).path / MODEL_FILE).unlink(missing_ok=True)
             message = f"{outcome} {name} (exit {rc}, {seconds:.1f} s)"
             if self.result.status[name] == "failed":
                 message += f"; see {self.sweep.output_file(job.cell)}: {_tail(job.output.name)}"

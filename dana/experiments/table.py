@@ -2,7 +2,8 @@
 
 Rows are algorithms (with the one-worker baseline on a row of its own), columns worker
 counts. A cell of the error table is the mean ± sample standard deviation (n - 1) over
-the seeds that finished without diverging, in percent. The divergence rule: ``diverged``
+the seeds that finished without diverging, of the report's metric (the test error in
+percent, or the test loss: :class:`~dana.experiments.results.Metric`). The divergence rule: ``diverged``
 when every seed diverged; when only some did, the others' mean ± spread followed by
 ``(d/n diverged)``. ``failed`` when every run failed, ``pending`` when runs are still
 missing a result, ``n=...`` when fewer seeds have a result than the sweep's seeds, ``—``
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dana.experiments.results import Group, Results
+from dana.experiments.results import Group, Results, perplexity_text
 from dana.experiments.targets import (
     NO_SSGD,
     SSGD_NOT_REACHED,
@@ -58,13 +59,19 @@ def error_cell(group: Group | None, seeds: int) -> str:
     """One cell of the error table (see the module doc for the rule)."""
     if group is None:
         return "—"
-    errors = 100 * group.errors()
+    errors = group.finals()
     n, diverged = len(group.runs), group.diverged
     if len(errors) == 0:
         if diverged:
             return "diverged" if diverged == n else f"diverged ({diverged}/{n})"
         return "failed" if group.failed == n and n else "pending"
-    text = f"{errors.mean():.2f}" + (f" ± {errors.std(ddof=1):.2f}" if len(errors) > 1 else "")
+    metric = group.metric
+    shown, digits = metric.scale * errors, metric.digits
+    text = f"{shown.mean():.{digits}f}" + (
+        f" ± {shown.std(ddof=1):.{digits}f}" if len(errors) > 1 else ""
+    )
+    if metric.perplexity:
+        text += f" (perplexity {perplexity_text(errors.mean())})"
     notes = []
     if diverged:
         notes.append(f"{diverged}/{n} diverged")
@@ -115,7 +122,8 @@ def markdown_table(
 
 
 def error_table(results: Results) -> str:
-    """Final test error (%) per algorithm and worker count."""
+    """The final value of the report's metric (test error in %, or test loss) per
+    algorithm and worker count."""
     return markdown_table(results, error_cell)
 
 

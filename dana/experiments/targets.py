@@ -1,5 +1,7 @@
 """Simulated time to reach a target test error, and the speed-up over SSGD it gives.
 
+The target is on the report's metric (:class:`~dana.experiments.results.Metric`): the
+test error, or the test loss where there is no error to compare (language models).
 The time to target of a run is read from its ``metrics.csv``: the first evaluation at
 or below the target, with the time linearly interpolated in ``sim_time`` between that
 evaluation and the one before it (the error is taken to fall linearly between two
@@ -17,7 +19,7 @@ with the linear-scaling rule, every other row gets a second speed-up, over it
 near-baseline target, the scaled one does.
 
 Targets (:func:`choose_targets`): a stated one, or by default the one-worker baseline's
-mean final error + 0.5 and + 1 percentage points. A target the baseline reaches at its
+mean final error + 0.5 and + 1 percentage points (a loss: + 0.01 and + 0.02). A target the baseline reaches at its
 first evaluation after the start is not used: the time to it would measure the first
 evaluation interval, not the training.
 """
@@ -31,7 +33,9 @@ from dataclasses import dataclass
 from dana.experiments.results import Group, Results, row_label
 from dana.train.config import TrainConfig
 
-#: The default targets: the baseline's mean final error plus these percentage points.
+#: The default targets: the baseline's mean final error plus these percentage points
+#: (:attr:`Metric.offsets <dana.experiments.results.Metric>` as fractions; a loss's: 0.01
+#: and 0.02).
 NEAR_BASELINE_PP = (0.5, 1.0)
 
 #: The first-evaluation rule, as the report states it.
@@ -72,8 +76,11 @@ TARGET_RULE = (
 )
 
 
-def time_to_target(rows: Sequence[dict[str, float]], target: float) -> float | None:
-    """Simulated time at which the test error first reaches ``target`` (a fraction).
+def time_to_target(
+    rows: Sequence[dict[str, float]], target: float, key: str = "test_error"
+) -> float | None:
+    """Simulated time at which the column ``key`` (the test error, as a fraction, or the
+    test loss) first reaches ``target``.
 
     >>> rows = [{"sim_time": 0, "test_error": 0.9}, {"sim_time": 100, "test_error": 0.5},
     ...         {"sim_time": 200, "test_error": 0.1}]
@@ -84,13 +91,13 @@ def time_to_target(rows: Sequence[dict[str, float]], target: float) -> float | N
     """
     previous: dict[str, float] | None = None
     for row in rows:
-        error, time = row["test_error"], row["sim_time"]
+        error, time = row[key], row["sim_time"]
         if not (math.isfinite(error) and math.isfinite(time)):
             return None  # diverged: no later row counts
         if error <= target:
             if previous is None:
                 return float(time)
-            e0, t0 = previous["test_error"], previous["sim_time"]
+            e0, t0 = previous[key], previous["sim_time"]
             return float(t0 + (e0 - target) / (e0 - error) * (time - t0))
         previous = row
     return None
@@ -100,7 +107,8 @@ def group_time(group: Group | None, target: float) -> tuple[float | None, int, i
     """(mean time to target over the group's runs if all reached it, reached, runs)."""
     if group is None or not group.results:
         return None, 0, 0
-    times = [time_to_target(r.metrics, target) for r in group.results]
+    key = group.metric.key
+    times = [time_to_target(r.metrics, target, key) for r in group.results]
     reached = [t for t in times if t is not None]
     mean = sum(reached) / len(reached) if reached and len(reached) == len(times) else None
     return mean, len(reached), len(times)
@@ -118,11 +126,12 @@ def passed_at_first_evaluation(group: Group, target: float) -> dict[str, float] 
     """The first evaluation after the start of a seed of ``group`` that is at or below
     ``target`` (the earliest such row among the seeds), or None when no seed is there."""
     hits = []
+    key = group.metric.key
     for run in group.runs:
         row = first_evaluation(run.metrics)
-        if row is not None and math.isfinite(row["test_error"]) and row["test_error"] <= target:
+        if row is not None and math.isfinite(row[key]) and row[key] <= target:
             hits.append(row)
-    return min(hits, key=lambda r: r["test_error"]) if hits else None
+    return min(hits, key=lambda r: r[key]) if hits else None
 
 
 @dataclass
@@ -139,11 +148,12 @@ def choose_targets(results: Results, target: float | None = None) -> list[Target
     """``target`` if given, else the baseline's mean final error + each of
     :data:`NEAR_BASELINE_PP`; each checked against the first-evaluation rule."""
     base = results.baseline()
-    have_base = base is not None and len(base.errors()) > 0
+    metric = results.metric
+    have_base = base is not None and len(base.finals()) > 0
     if target is not None:
-        targets = [Target(target, f"the stated target {100 * target:.2f}% test error")]
-    elif have_base:
-        error = float(base.errors().mean())
+        targets = [Target(target, f"the stated target {metric.show(target)}")]
+    elif have_base and metric.is_error:
+        error = float(base.finals().mean())
         targets = [
             Target(
                 error + pp / 100,
@@ -152,17 +162,32 @@ def choose_targets(results: Results, target: float | None = None) -> list[Target
             )
             for pp in NEAR_BASELINE_PP
         ]
+    elif have_base:
+        value = float(base.finals().mean())
+        targets = [
+            Target(
+                value + offset,
+                f"the one-worker baseline's final {metric.name} + {offset:g} = "
+                f"{value:.4f} + {offset:g} = {metric.show(value + offset)}",
+            )
+            for offset in metric.offsets
+        ]
     else:
         return []
     if base is not None:
         for t in targets:
             row = passed_at_first_evaluation(base, t.value)
             if row is not None:
+                at, limit = row[metric.key], t.value
+                if metric.is_error:
+                    at, limit = f"{100 * at:.2f}%", f"{100 * limit:.2f}%"
+                else:
+                    at, limit = metric.show(at), metric.show(limit)
                 t.skip = (
-                    f"Not used: the one-worker baseline is at {100 * row['test_error']:.2f}% "
+                    f"Not used: the one-worker baseline is at {at} "
                     f"already at its first evaluation after the start (epoch "
                     f"{row['epoch']:g}, {int(row['updates'])} updates), at or below "
-                    f"{100 * t.value:.2f}%; a time to it would measure the evaluation "
+                    f"{limit}; a time to it would measure the evaluation "
                     "interval, not the training."
                 )
     return targets
@@ -221,7 +246,9 @@ def speedup_cell(
         return None, PENDING
     time = group_time(group, target)[0]
     if time is None:
-        missed = [r for r in group.results if time_to_target(r.metrics, target) is None]
+        missed = [
+            r for r in group.results if time_to_target(r.metrics, target, group.metric.key) is None
+        ]
         return None, DIVERGED if all(r.status == "diverged" for r in missed) else NOT_REACHED
     label = reference_label or reference_row(results, group)
     reference = results.group(label, group.workers)
@@ -250,7 +277,7 @@ def speedup_bound(
         return None  # (reached: the speed-up itself is defined)
     times = []
     for run in reference.results:
-        reached = time_to_target(run.metrics, target)
+        reached = time_to_target(run.metrics, target, reference.metric.key)
         ends = [r["sim_time"] for r in run.metrics if math.isfinite(r["sim_time"])]
         times.append(reached if reached is not None else max(ends, default=math.nan))
     bound = speedup(float(sum(times) / len(times)), max(time, 1e-300))

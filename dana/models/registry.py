@@ -1,8 +1,12 @@
 """Build a model by name: ``build_model("resnet20", 3, 32, 10)``.
 
-Names: ``resnetN`` (CIFAR-style ResNet, N = 6n+2: 20, 32, 44, 56, 110, ...),
-``wrn-D-W`` (Wide ResNet, D = 6n+4: ``wrn-16-4``, ``wrn-28-10``, ...), ``cnn``,
-``mlp`` and ``linear``. Construction draws from torch's global generator, so the
+Image models (:data:`MODELS`): ``resnetN`` (CIFAR-style ResNet, N = 6n+2: 20, 32, 44,
+56, 110, ...), ``wrn-D-W`` (Wide ResNet, D = 6n+4: ``wrn-16-4``, ``wrn-28-10``, ...),
+``cnn``, ``mlp`` and ``linear``. Language models (:data:`LANGUAGE_MODELS`, for token
+data: ``build_language_model("transformer-tiny", vocab=256)``): the causal Transformer
+of :mod:`dana.models.transformer` in the sizes of :data:`TRANSFORMER_SIZES`, or any
+size as ``transformer-L-W-T`` (L layers of width W, a multiple of 32, with W/32 heads,
+and a context of T tokens). Construction draws from torch's global generator, so the
 same ``torch.manual_seed`` gives the same initial weights.
 """
 
@@ -15,9 +19,19 @@ from torch import nn
 from dana.errors import ConfigError
 from dana.models.resnet import CifarResNet
 from dana.models.small import MLP, SmallCNN, linear_model
+from dana.models.transformer import GPT
 from dana.models.wrn import WideResNet
 
-__all__ = ["MODELS", "build_model", "count_parameters"]
+__all__ = [
+    "LANGUAGE_MODELS",
+    "MODELS",
+    "TRANSFORMER_SIZES",
+    "build_language_model",
+    "build_model",
+    "context_length",
+    "count_parameters",
+    "is_language_model",
+]
 
 MODELS = (
     "resnet20",
@@ -35,6 +49,19 @@ _VALID = (
     "resnetN with N = 6n+2 (resnet20, resnet32, resnet44, resnet56, resnet110, ...), "
     "wrn-D-W with D = 6n+4 and W >= 1 (wrn-16-4, wrn-28-10, ...), cnn, mlp, linear"
 )
+#: The named Transformer sizes: (layers, width, context); heads = width / 32.
+TRANSFORMER_SIZES = {
+    "transformer-tiny": (2, 64, 64),  # 0.12M parameters: minutes on two CPU cores
+    "transformer-mini": (4, 128, 128),  # 0.84M
+    "transformer-small": (6, 256, 256),  # 4.8M
+}
+LANGUAGE_MODELS = tuple(TRANSFORMER_SIZES)
+#: Each attention head's width.
+HEAD_WIDTH = 32
+_VALID_LM = (
+    f"{', '.join(LANGUAGE_MODELS)}, or transformer-L-W-T (L layers of width W, a multiple "
+    f"of {HEAD_WIDTH}, context T tokens), e.g. transformer-3-96-128"
+)
 # Smallest image side each family accepts: the convnets downsample twice.
 _MIN_IMAGE_SIZE = {"resnet": 4, "wrn": 4, "cnn": 4, "mlp": 1, "linear": 1}
 
@@ -44,8 +71,58 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def is_language_model(name: str) -> bool:
+    """Whether ``name`` names a language model (takes token sequences, not images)."""
+    return name.strip().lower().startswith("transformer")
+
+
+def _transformer_size(name: str) -> tuple[int, int, int]:
+    """(layers, width, context) of a Transformer's name, or ConfigError."""
+    key = name.strip().lower()
+    if key in TRANSFORMER_SIZES:
+        return TRANSFORMER_SIZES[key]
+    m = re.fullmatch(r"transformer-(\d+)-(\d+)-(\d+)", key)
+    if not m:
+        raise ConfigError(f"unknown language model {name!r}; valid: {_VALID_LM}")
+    layers, width, context = (int(g) for g in m.groups())
+    if layers < 1 or context < 1 or width < HEAD_WIDTH or width % HEAD_WIDTH:
+        raise ConfigError(
+            f"model {name!r}: needs layers >= 1, a width that is a multiple of {HEAD_WIDTH} "
+            f"and a context >= 1, got {layers}, {width}, {context}"
+        )
+    return layers, width, context
+
+
+def context_length(name: str) -> int:
+    """The number of tokens the language model ``name`` sees at once (its sequences')."""
+    return _transformer_size(name)[2]
+
+
+def build_language_model(name: str, vocab: int) -> nn.Module:
+    """A freshly initialised language model over ``vocab`` tokens (ConfigError for an
+    unknown name or an image model's).
+
+    >>> count_parameters(build_language_model("transformer-tiny", vocab=256))
+    120576
+    """
+    if not is_language_model(name):
+        raise ConfigError(
+            f"model {name!r} takes images, and this dataset holds text; choose a language "
+            f"model: {_VALID_LM}"
+        )
+    if vocab < 2:
+        raise ConfigError(f"model {name!r}: the vocabulary must hold at least 2 tokens")
+    layers, width, context = _transformer_size(name)
+    return GPT(vocab, context, layers, width, width // HEAD_WIDTH)
+
+
 def _parse(name: str) -> tuple[str, tuple[int, ...]]:
     """Split a model name into its family and its numbers, or raise ConfigError."""
+    if is_language_model(name):
+        raise ConfigError(
+            f"model {name!r} is a language model: it takes token sequences, give it "
+            "--dataset text; for images choose: " + _VALID
+        )
     if name in ("cnn", "mlp", "linear"):
         return name, ()
     if m := re.fullmatch(r"resnet(\d+)", name):
@@ -66,7 +143,7 @@ def _parse(name: str) -> tuple[str, tuple[int, ...]]:
         if width < 1:
             raise ConfigError(f"model {name!r}: Wide ResNet width must be at least 1")
         return "wrn", (depth, width)
-    raise ConfigError(f"unknown model {name!r}; valid: {_VALID}")
+    raise ConfigError(f"unknown model {name!r}; valid: {_VALID}; language models: {_VALID_LM}")
 
 
 def build_model(name: str, in_channels: int, image_size: int, num_classes: int) -> nn.Module:

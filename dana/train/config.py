@@ -178,7 +178,8 @@ class TrainConfig:
         backend = check_name(self.backend, flag("backend"))
         if self.algorithm not in algorithms.ALGORITHMS:
             raise ConfigError(
-                f"{flag('algorithm')} {self.algorithm!r} is unknown; choose one of: "
+                f"{flag('algorithm')} {self.algorithm!r} is unknown"
+                f"{algorithms.did_you_mean(self.algorithm)}; choose one of: "
                 f"{', '.join(algorithms.ALGORITHMS)} (see `dana algorithms`)"
             )
         if self.momentum >= 1:

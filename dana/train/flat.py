@@ -16,6 +16,7 @@ stay in the module and are shared by every forward pass.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -74,16 +75,10 @@ class FlatModel:
     def evaluate(
         self, params: Tensor, x: Tensor, y: Tensor, loss_fn: LossFn, batch_size: int = 1000
     ) -> tuple[float, float]:
-        """Mean loss and error rate (fraction misclassified) of ``params`` on ``(x, y)``."""
+        """Mean loss and error rate of ``params`` on ``(x, y)`` (:func:`evaluate_module`)."""
         self._point_at(params)
-        self.module.eval()
-        total_loss, wrong = 0.0, 0
-        for start in range(0, len(x), batch_size):
-            out = self.module(x[start : start + batch_size])
-            target = y[start : start + batch_size]
-            total_loss += loss_fn(out, target).item() * len(target)
-            wrong += (out.argmax(1) != target).sum().item()
-        return total_loss / len(x), wrong / len(x)
+        found = evaluate_module(self.module, x, y, loss_fn, batch_size)
+        return found["loss"], found["error"]
 
     def _point_at(self, params: Tensor) -> None:
         """Make the module's parameters views of ``params`` (a copy into :attr:`flat`
@@ -110,3 +105,37 @@ class FlatModel:
         buffers = dict(self.module.named_buffers())
         for k, v in state.items():
             buffers[k].copy_(v)
+
+
+@torch.no_grad()
+def evaluate_module(
+    module: nn.Module, x: Tensor, y: Tensor, loss_fn: LossFn, batch_size: int = 1000
+) -> dict[str, float]:
+    """``{"loss": ..., "error": ...}`` of ``module`` (in eval mode) on ``(x, y)``.
+
+    ``loss``: the mean of ``loss_fn`` over every target, each batch's mean weighted by
+    its number of targets (``y.numel()``: the examples of a classifier, the tokens of a
+    language model's ``N x T`` targets). ``error``: the fraction of targets whose
+    ``argmax`` over the output's last dimension is wrong, when the targets are integer
+    classes and the outputs have one more dimension than them (``N x C`` for ``N``,
+    ``N x T x V`` for ``N x T``: the next-token error); NaN otherwise (a regression).
+    The evaluation of every run: a metric is one more entry of this dictionary.
+    Batches of ``batch_size`` examples, fewer for long sequences (at most that many
+    targets per batch times 16).
+    """
+    module.eval()
+    per_example = max(1, y[:1].numel())
+    batch_size = max(1, min(batch_size, 16 * batch_size // per_example))
+    total, count, wrong = 0.0, 0, 0
+    classes = not y.is_floating_point()
+    for start in range(0, len(x), batch_size):
+        out = module(x[start : start + batch_size])
+        target = y[start : start + batch_size]
+        n = target.numel()
+        total += loss_fn(out, target).item() * n
+        count += n
+        if classes and out.dim() == target.dim() + 1 and out.shape[:-1] == target.shape:
+            wrong += (out.argmax(-1) != target).sum().item()
+        else:
+            classes = False
+    return {"loss": total / count, "error": wrong / count if classes else math.nan}

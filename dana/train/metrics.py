@@ -84,7 +84,12 @@ def summarize(
     what a runner adds (the simulator: its cluster's departures and lost computations,
     and the classes behind the applied pushes)."""
     errors = [r["test_error"] for r in rows if math.isfinite(r["test_error"])]
+    losses = [r["test_loss"] for r in rows if math.isfinite(r["test_loss"])]
     last = rows[-1]
+    # A language model's perplexity (a derived column of its rows: RunDir.derived).
+    perplexity = (
+        {"final_test_perplexity": last["test_perplexity"]} if "test_perplexity" in last else {}
+    )
     staleness = log["staleness"]
     return {
         "algorithm": config.algorithm,
@@ -95,6 +100,8 @@ def summarize(
         "final_test_error": last["test_error"],
         "best_test_error": min(errors) if errors else math.nan,
         "final_test_loss": last["test_loss"],
+        "best_test_loss": min(losses) if losses else math.nan,
+        **perplexity,
         "final_train_loss": last["train_loss"],
         "diverged": diverged_at is not None,
         "diverged_at_update": diverged_at,

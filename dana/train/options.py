@@ -92,13 +92,20 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
         "dataset",
         str,
         "fashion-mnist, mnist, cifar10, cifar100, synthetic, or your own files: folder "
-        "(--data-dir DIR with train/<class>/ and test/<class>/ images) or tensors (--data-dir "
-        "holding train.pt and test.pt, or .npz)",
+        "(--data-dir DIR with train/<class>/ and test/<class>/ images), tensors (--data-dir "
+        "holding train.pt and test.pt, or .npz) or text (--data-dir a text file, split 90/10, "
+        "or a directory of train.txt and test.txt; byte tokens, for a --model transformer-...)",
     ),
     ("--data-dir", "data_dir", str, "directory holding the dataset's files"),
     ("--train-size", "train_size", int, "use only the first N training examples"),
     ("--test-size", "test_size", int, "use only the first N test examples"),
-    ("--model", "model", str, "resnet20/32/44/56 (resnetN), wrn-16-4 (wrn-D-W), cnn, mlp, linear"),
+    (
+        "--model",
+        "model",
+        str,
+        "resnet20/32/44/56 (resnetN), wrn-16-4 (wrn-D-W), cnn, mlp, linear; for --dataset "
+        "text: transformer-tiny, transformer-mini, transformer-small or transformer-L-W-T",
+    ),
     ("--epochs", "epochs", float, "epochs of training data to consume"),
     ("--batch-size", "batch_size", int, "batch size per worker"),
     ("--lr", "lr", float, "learning rate (after warm-up, before decay)"),

@@ -4,10 +4,18 @@
 cross-entropy loss and the training augmentation together. The simulator and each Ray
 worker build one from the same :class:`~dana.train.config.TrainConfig`; the model's
 initial parameters depend only on ``config.seed``.
+
+A language model (``--dataset text`` with ``--model transformer-...``) is the same
+problem over tokens: the data are windows of the model's context, the loss the
+cross-entropy of every next token (:func:`token_cross_entropy`), the test error the
+next-token error, and ``metrics.csv`` also gets the test perplexity
+(:attr:`Problem.derived`).
 """
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dana.data import Dataset, augment_batch, load_dataset
-from dana.models import build_model
+from dana.models import build_language_model, build_model, context_length, is_language_model
 from dana.train.batches import BatchStream, WorkerBatches, batches_for
 from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
@@ -23,9 +31,27 @@ from dana.train.flat import FlatModel
 from dana.train.stacked import GradientSource
 
 
+def token_cross_entropy(out: Tensor, target: Tensor) -> Tensor:
+    """The mean cross-entropy over every target: ``out`` ``... x V`` logits, ``target``
+    the classes ``...`` (a language model's ``N x T x V`` and ``N x T``)."""
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+
+
+def perplexity(row: dict[str, float]) -> float:
+    """``exp(test_loss)``: the test perplexity of a language model's metrics row."""
+    loss = row["test_loss"]
+    if math.isnan(loss):
+        return math.nan
+    return math.exp(loss) if loss < 709.0 else math.inf  # (exp overflows past 709.78)
+
+
 class Problem:
     def __init__(self, config: TrainConfig, dataset: Dataset | None = None):
         self.config = config
+        language = is_language_model(config.model)
+        text = config.dataset.strip().lower() == "text"
+        if text and not language:
+            build_language_model(config.model, 256)  # (an image model: says which to choose)
         self.dataset = dataset or load_dataset(
             config.dataset,
             config.data_dir,
@@ -33,8 +59,13 @@ class Problem:
             augment=config.augment,
             train_size=config.train_size,
             test_size=config.test_size,
+            seq_len=context_length(config.model) if language else None,
         )
         ds = self.dataset
+        #: The loss of the model's output and the targets.
+        self.loss_fn = token_cross_entropy if ds.kind == "tokens" else F.cross_entropy
+        #: Columns of metrics.csv computed from each row (a language model's perplexity).
+        self.derived = {"test_perplexity": perplexity} if ds.kind == "tokens" else {}
         if config.batch_size > ds.train_size:
             from dana.errors import ConfigError
 
@@ -45,7 +76,10 @@ class Problem:
         dtype = getattr(torch, config.dtype)
         self.device = resolve_device(config.device)
         torch.manual_seed(config.seed)
-        model = build_model(config.model, ds.channels, ds.image_size, ds.num_classes)
+        if ds.kind == "tokens":
+            model = build_language_model(config.model, ds.num_classes)
+        else:
+            model = build_model(config.model, ds.channels, ds.image_size, ds.num_classes)
         self.flat = FlatModel(model.to(self.device), dtype)
         for name in ("train_x", "test_x", "train_y", "test_y"):
             t = getattr(ds, name)
@@ -72,7 +106,7 @@ class Problem:
         """The model, loss and data, for the simulator's batched and threaded engines
         (augmentation draws no numbers in the order gradients are computed: a batch's
         draws are seeded by its key, :meth:`batches`)."""
-        return GradientSource(self.flat, F.cross_entropy, self.inputs)
+        return GradientSource(self.flat, self.loss_fn, self.inputs)
 
     def inputs(self, batch: Tensor | tuple[Tensor, int]) -> tuple[Tensor, Tensor]:
         """The training examples of ``batch`` on the device: rows (unaugmented), or
@@ -91,12 +125,35 @@ class Problem:
     def gradient(self, params: Tensor, batch: Tensor | tuple[Tensor, int]) -> tuple[Tensor, float]:
         """The loss's gradient (no weight decay) at ``params`` on ``batch`` (see
         :meth:`inputs`)."""
-        return self.flat.gradient(params, *self.inputs(batch), F.cross_entropy)
+        return self.flat.gradient(params, *self.inputs(batch), self.loss_fn)
 
     def evaluate(self, params: Tensor) -> tuple[float, float]:
-        """(test loss, test error) at ``params``."""
+        """(test loss, test error) at ``params`` (the error of a language model: the
+        next-token error)."""
         ds = self.dataset
-        return self.flat.evaluate(params, ds.test_x, ds.test_y, F.cross_entropy)
+        return self.flat.evaluate(params, ds.test_x, ds.test_y, self.loss_fn)
+
+    def model_info(self) -> dict[str, Any]:
+        """How to build this problem's model again (the model file's metadata)."""
+        ds, config = self.dataset, self.config
+        info: dict[str, Any] = {"model": config.model, "kind": ds.kind, "dataset": ds.name}
+        info["num_classes"] = ds.num_classes
+        if ds.kind == "tokens":
+            info["context"] = ds.seq_len
+        else:
+            info.update(in_channels=ds.channels, image_size=ds.image_size)
+        return info
+
+    def save_model(self, path: str | Path, params: Tensor) -> Path:
+        """Write the model at ``params`` (a run's final parameters, as evaluated), with
+        its buffers, to ``path`` (a run directory: its ``model.safetensors``;
+        :mod:`dana.train.modelfile`)."""
+        from dana.train.modelfile import save_model
+
+        flat = self.flat
+        with torch.no_grad():
+            flat.load(params.to(flat.flat.device, flat.flat.dtype))
+        return save_model(path, flat.module, self.model_info())
 
     def state_dict(self) -> dict[str, Any]:
         return {"buffers": self.flat.buffers_state()}

@@ -32,7 +32,10 @@ class Progress:
             post = {"loss": f"{loss:.3f}"}
             if self.last:
                 post["epoch"] = f"{self.last['epoch']:.2f}"
-                post["test_err"] = f"{100 * self.last['test_error']:.2f}%"
+                if "test_perplexity" in self.last:
+                    post["test_ppl"] = f"{self.last['test_perplexity']:.2f}"
+                else:
+                    post["test_err"] = f"{100 * self.last['test_error']:.2f}%"
             self.bar.set_postfix(post, refresh=False)
             self.bar.refresh()
 
@@ -46,14 +49,18 @@ class Progress:
 
 
 def format_table(rows: list[dict[str, float]]) -> str:
-    """A short table of the evaluations: epoch, train loss, test loss, test error, gap."""
-    head = f"{'epoch':>7} {'updates':>8} {'train_loss':>10} {'test_loss':>9} {'test_err':>8} {'gap':>10} {'stale':>6}"
+    """A short table of the evaluations: epoch, train loss, test loss, test error (and
+    a language model's test perplexity), gap."""
+    ppl = bool(rows) and "test_perplexity" in rows[0]
+    head = f"{'epoch':>7} {'updates':>8} {'train_loss':>10} {'test_loss':>9} {'test_err':>8}"
+    head += f" {'test_ppl':>9}" * ppl + f" {'gap':>10} {'stale':>6}"
     lines = [head]
     for r in rows:
         lines.append(
             f"{r['epoch']:7.2f} {int(r['updates']):8d} {_f(r['train_loss'], '10.4f')} "
             f"{_f(r['test_loss'], '9.4f')} {_f(100 * r['test_error'], '7.2f')}% "
-            f"{_f(r['mean_gap'], '10.3g')} {_f(r['mean_staleness'], '6.1f')}"
+            + (f"{_f(r['test_perplexity'], '9.3f')} " if ppl else "")
+            + f"{_f(r['mean_gap'], '10.3g')} {_f(r['mean_staleness'], '6.1f')}"
         )
     return "\n".join(lines)
 

@@ -2,9 +2,11 @@
 
 - ``config.json``: the :class:`~dana.train.config.TrainConfig` and the package version;
   ``dana train --config config.json`` reruns the run.
-- ``metrics.csv``: one row per evaluation (:data:`METRICS_COLUMNS`).
+- ``metrics.csv``: one row per evaluation (:data:`METRICS_COLUMNS`, then the problem's
+  derived columns, :attr:`RunDir.derived`: a language model's ``test_perplexity``).
 - ``summary.json``: the final figures (see :func:`dana.train.metrics.summarize`).
 - ``curves.png``: test error and mean gap against epochs.
+- ``model.safetensors``: the final model (:mod:`dana.train.modelfile`).
 - ``checkpoint.pt``: the whole state, for ``--resume`` (tensors and plain values only,
   loaded with ``torch.load(weights_only=True)``: no arbitrary unpickling).
 - ``step_times.csv``: (Ray runs) each worker's measured step times, in the format the
@@ -22,7 +24,9 @@ import csv
 import io
 import json
 import math
+import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +50,7 @@ RUN_FILES = (
     "checkpoint.pt",
     "step_times.csv",
     "dist.json",
+    "model.safetensors",
 )
 TENSORBOARD = "tensorboard"
 #: The checkpoint's entry holding the run's settings (JSON of the TrainConfig).
@@ -65,6 +70,21 @@ METRICS_COLUMNS = (
 )
 
 
+#: A URI's scheme (``s3://``, ``gs://``, ``http://``): not a local path.
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def check_local(path: str | Path, flag: str = "--out") -> None:
+    """DanaError for a remote location (``s3://bucket/x``): runs are written to local
+    directories only."""
+    if _URI.match(str(path)):
+        raise DanaError(
+            f"{flag} {path}: runs are written to a local directory, not to remote storage; "
+            "give a local path (and copy the run there afterwards: `aws s3 sync DIR URI`, "
+            "or track it in MLflow with --mlflow, whose artifact store may be remote)"
+        )
+
+
 class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -79,6 +99,22 @@ class RunDir:
         self.sinks: list = []  # more receivers of every metrics row (MLflow)
         #: The run's settings as JSON, saved in every checkpoint (``--resume`` compares).
         self.settings: str | None = None
+        #: Columns computed from each metrics row's values as it is written or logged
+        #: (the problem's: ``test_perplexity`` of a language model), after
+        #: :data:`METRICS_COLUMNS`.
+        self.derived: dict[str, Callable[[dict[str, float]], float]] = {}
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns of this run's ``metrics.csv``."""
+        return METRICS_COLUMNS + tuple(self.derived)
+
+    def complete(self, row: dict[str, float]) -> dict[str, float]:
+        """Add the derived columns to ``row`` (in place, once) and return it."""
+        for key, derive in self.derived.items():
+            if key not in row:
+                row[key] = derive(row)
+        return row
 
     def holds_run(self) -> bool:
         return self.config.is_file()
@@ -185,10 +221,12 @@ class RunDir:
 
     def write_metrics(self, rows: list[dict[str, float]]) -> None:
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=METRICS_COLUMNS, lineterminator="\n")
+        columns = self.columns
+        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: _fmt(row[k]) for k in METRICS_COLUMNS})
+            self.complete(row)
+            writer.writerow({k: _fmt(row[k]) for k in columns})
         write_text_atomic(self.metrics, buf.getvalue())
 
     def read_metrics(self) -> list[dict[str, float]]:
@@ -213,7 +251,7 @@ class RunDir:
         if self._writer is None:
             return
         step = int(row["updates"])
-        for key in METRICS_COLUMNS:
+        for key in self.columns:
             if key not in ("updates",) and math.isfinite(row[key]):
                 self._writer.add_scalar(key, row[key], step)
         self._writer.flush()
@@ -274,18 +312,32 @@ class RunDir:
         )
 
     def write_plot(self, rows: list[dict[str, float]], title: str) -> None:
+        """``curves.png``: the test error (where there is none, or for a language model,
+        the test loss, and the perplexity where the rows have it) and the mean gap,
+        against epochs."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
         epochs = [r["epoch"] for r in rows]
-        fig, (ax_err, ax_gap) = plt.subplots(1, 2, figsize=(10, 4))
-        ax_err.plot(epochs, [100 * r["test_error"] for r in rows], marker="o")
-        ax_err.set(xlabel="epoch", ylabel="test error (%)", title="test error")
-        ax_gap.plot(epochs, [r["mean_gap"] for r in rows], marker="o", color="tab:red")
-        ax_gap.set(xlabel="epoch", ylabel="mean gap RMS(theta - p_i)", title="gap")
-        for ax in (ax_err, ax_gap):
+        panels = []
+        has_error = any(math.isfinite(r["test_error"]) for r in rows)
+        if has_error and "test_perplexity" not in rows[0]:
+            panels.append(([100 * r["test_error"] for r in rows], "test error (%)", "test error"))
+        else:
+            panels.append(([r["test_loss"] for r in rows], "test loss", "test loss"))
+        if "test_perplexity" in rows[0]:
+            values = [r["test_perplexity"] for r in rows]
+            panels.append((values, "test perplexity (log scale)", "test perplexity"))
+        panels.append(([r["mean_gap"] for r in rows], "mean gap RMS(theta - p_i)", "gap"))
+        fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+        for i, (ax, (values, label, name)) in enumerate(zip(axes, panels)):
+            color = "tab:red" if i == len(panels) - 1 else None
+            ax.plot(epochs, values, marker="o", color=color)
+            ax.set(xlabel="epoch", ylabel=label, title=name)
+            if "log scale" in label:
+                ax.set_yscale("log")
             ax.grid(alpha=0.3)
         fig.suptitle(title)
         fig.tight_layout()

@@ -8,8 +8,8 @@ One MLflow run per run directory, in the experiment ``--mlflow-experiment`` (def
 - metrics: every evaluation's row of ``metrics.csv`` (test error and loss, train loss,
   gap, staleness, lr, epoch, times), at step = the master's updates so far; at the end
   the summary's numbers as ``summary.<key>``;
-- artifacts: ``config.json``, ``metrics.csv``, ``summary.json``, ``curves.png`` (and
-  ``step_times.csv``, ``dist.json`` of a Ray run);
+- artifacts: ``config.json``, ``metrics.csv``, ``summary.json``, ``curves.png``, the
+  final model ``model.safetensors`` (and ``step_times.csv``, ``dist.json`` of a Ray run);
 - tags: ``dana.run_dir`` (its absolute path), ``dana.diverged``.
 
 ``DIR_OR_URI``: a directory (MLflow's local file store, offline; created if missing) or
@@ -40,6 +40,7 @@ ARTIFACTS = (
     "curves.png",
     "step_times.csv",
     "dist.json",
+    "model.safetensors",
 )
 
 

@@ -15,15 +15,18 @@ A NaN or infinite loss is a result, not a crash: the run stops, ``summary.json``
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from torch import Tensor
 
 from dana.errors import DanaError
 from dana.train.backends import check_backend, runner_class
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
 from dana.train.progress import Progress
-from dana.train.rundir import SETTINGS_KEY, RunDir
+from dana.train.rundir import SETTINGS_KEY, RunDir, check_local
 from dana.train.schedule import LRSchedule
 
 
@@ -54,7 +57,11 @@ def stop_points(
         return {min(end, round(i * every * batches_per_epoch)) for i in range(1, n + 1)}
 
     evals = {0, end} | multiples(config.eval_every)
-    checkpoints = multiples(config.checkpoint_every) - {end}
+    # The last checkpoint is the end state (with --checkpoint-every): it holds the run
+    # as it finished, whatever the interval.
+    checkpoints = multiples(config.checkpoint_every) | (
+        {end} if config.checkpoint_every > 0 else set()
+    )
     return sorted(evals | checkpoints), evals, checkpoints
 
 
@@ -74,6 +81,7 @@ def train(
     resumed run removes the temporary files a kill inside a write left, and refuses a
     checkpoint that does not fit its config.json. ``threads``: the CPU threads the run
     uses (``--threads``; the simulator computes that many workers' gradients at once)."""
+    check_local(out, "--resume" if resume else "--out")
     run = RunDir(out)
     if resume:
         if run.path.exists() and not run.path.is_dir():
@@ -91,6 +99,7 @@ def train(
     runner_cls = runner_class(config.backend)
     runner_cls.check(config, problem)
     run.settings = json.dumps(config.to_dict(), sort_keys=True)
+    run.derived = dict(problem.derived)
     state = None
     if resume:
         run.remove_temporaries()
@@ -110,7 +119,14 @@ def train(
         if config.tensorboard:
             run.open_tensorboard()
         title = f"{config.algorithm}, k={config.workers}, {config.model} on {config.dataset}"
-        summary = execute_run(runner, config, run, title, progress)
+        summary = execute_run(
+            runner,
+            config,
+            run,
+            title,
+            progress,
+            keep_model=lambda p: problem.save_model(run.path, p),
+        )
     except DanaError:
         if not resume and not (run.checkpoint.is_file() or run.metrics.is_file()):
             run.remove_own(keep_folder=not created)  # a failed start leaves nothing
@@ -125,12 +141,18 @@ def start_run(run: RunDir, config: TrainConfig, version: str) -> None:
 
 
 def execute_run(
-    runner: Any, config: TrainConfig, run: RunDir, title: str, progress: bool
+    runner: Any,
+    config: TrainConfig,
+    run: RunDir,
+    title: str,
+    progress: bool,
+    keep_model: Callable[[Tensor], Any] | None = None,
 ) -> dict[str, Any]:
     """A run's life on any runner, as ``dana train`` and :func:`dana.fit` live it: track it
     in MLflow (``config.mlflow``), ``runner.execute`` with a progress reporter titled
     ``title``, close the run directory's writers whatever happens, then write
-    ``summary.json`` and the curves and finish the MLflow run. A failure (an
+    ``summary.json``, the final model (``keep_model(runner.final_params())``:
+    ``model.safetensors``) and the curves, and finish the MLflow run (the model among its artifacts). A failure (an
     interruption too) marks the MLflow run failed and propagates. The summary."""
     tracker = None
     if config.mlflow:
@@ -146,6 +168,8 @@ def execute_run(
         raise
     finally:
         run.close()
+    if keep_model is not None:
+        keep_model(runner.final_params())
     run.write_summary(summary)
     if runner.rows:
         run.write_plot(runner.rows, title)

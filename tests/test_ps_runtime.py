@@ -18,17 +18,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from conftest import check_accounting, run_on_ray, tiny
 
 from dana import algorithms
 from dana.errors import ConfigError
-from dana.ps.cluster import ray_session
 from dana.ps.head import HeadServer
 from dana.ps.layout import Layout, shard_bounds
 from dana.ps.log import LogMerger, ShardLog
@@ -37,37 +36,12 @@ from dana.ps.shard import ShardServer
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
 from dana.train.progress import Progress
-from dana.train.rundir import METRICS_COLUMNS, RunDir
-from dana.train.timing import read_trace
+from dana.train.rundir import RunDir
 
 try:
     import ray
 except ImportError:  # the protocol units still run
     ray = None
-
-
-def tiny(**overrides: Any) -> TrainConfig:
-    """A run of a few seconds: an MLP on 1024 synthetic 16x16 images.
-
-    The rate suits each rule: ``asgd`` (no momentum) 0.2; ``ssgd`` 0.1, one step along
-    the mean of ``k`` gradients per round (at the schedule's rate of that round); the
-    asynchronous momentum rules 0.05, one step per push."""
-    algorithm = overrides.get("algorithm", "asgd")
-    values: dict[str, Any] = dict(
-        algorithm="asgd",
-        workers=2,
-        dataset="synthetic",
-        model="mlp",
-        train_size=1024,
-        test_size=256,
-        epochs=3.0,
-        batch_size=32,
-        lr={"asgd": 0.2, "ssgd": 0.1}.get(algorithm, 0.05),
-        warmup_epochs=0.5,
-        backend="ray",
-    )
-    values.update(overrides)
-    return TrainConfig(**values).validate()
 
 
 # -- units, no Ray ------------------------------------------------------------------------
@@ -412,12 +386,6 @@ def test_a_ray_worker_takes_each_local_step_at_the_simulators_rate(name, monkeyp
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    with ray_session(None, actors=8):
-        yield
-
-
-@pytest.fixture(scope="module")
 def ray_run(local_ray, tmp_path_factory):
     """``ray_run(**options)``: the RayRun of ``tiny(**options)``, run once per module."""
     done: dict[tuple, Any] = {}
@@ -429,41 +397,6 @@ def ray_run(local_ray, tmp_path_factory):
         return done[key]
 
     return get
-
-
-def run_on_ray(config: TrainConfig, out: Path, progress: Callable[[Any], Progress] | None = None):
-    """Train ``config`` with a RayRun in this process (Ray already up); the RayRun.
-
-    ``progress(runner)`` makes the progress reporter (default: a silent one).
-    """
-    from dana.ps.driver import RayRun
-
-    run = RunDir(out)
-    run.path.mkdir(parents=True)
-    run.write_config(config.to_dict(), "test")
-    runner = RayRun(config, run, Problem(config))
-    reporter = progress(runner) if progress else Progress(enabled=False)
-    runner.summary = runner.execute(reporter)
-    run.write_summary(runner.summary)
-    return runner
-
-
-def check_accounting(runner: Any) -> dict[str, Any]:
-    """Every numbered push applied exactly once on every shard, or refused after the end."""
-    out = runner.run.path
-    dist = json.loads((out / "dist.json").read_text())
-    summary = runner.summary
-    for shard in dist["shards"]:
-        assert shard["seq_gaps"] == 0 and shard["duplicates"] == 0
-        assert sum(shard["applied"]) == shard["pushes"]
-        assert sum(shard["last_seq"]) == shard["pushes"] + shard["local_steps"]
-    first = dist["shards"][0]
-    assert dist["pushes_sent"] == sum(first["last_seq"]) + first["rejected_after_stop"]
-    assert summary["pushes"] == first["pushes"] == len(runner.merger.log)
-    trace = read_trace(out / "step_times.csv")
-    assert sum(map(len, trace)) == summary["pushes"]
-    assert list(RunDir(out).read_metrics()[0]) == list(METRICS_COLUMNS)
-    return dist
 
 
 @pytest.fixture(scope="module")

@@ -27,10 +27,18 @@ def _run(block: str, page: Path) -> dict:
     return namespace
 
 
-def test_readme_shows_the_two_python_examples():
+def test_readme_shows_the_three_python_examples():
     blocks = [b for b in _blocks(README) if not _uses_ray(b)]
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     assert "dana.simulate(" in blocks[0] and "dana.fit(" in blocks[1]
+    assert "dana.optim.Worker(" in blocks[2]
+
+
+def test_readme_shows_the_language_model_preset_and_the_install():
+    text = README.read_text()
+    assert "dana sweep --preset text-quick --data-dir" in text
+    install = text[text.index("## Install") :]
+    assert install.index('pip install ".[ray,mlflow]"') < install.index("scripts/setup.sh")
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

@@ -1,7 +1,7 @@
 """A lost node: a second Ray node joining a head started here, killed mid-run.
 
 Its own module, so that no other test's Ray session (the one local Ray of
-tests/test_dist_faults.py) lives in this process while it starts and kills whole nodes.
+tests/test_ps_faults.py) lives in this process while it starts and kills whole nodes.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_dist_faults import free_port, kill_tree, needs_ray, outward_ip
+from conftest import free_port, kill_tree, needs_ray, outward_ip
 
 
 @pytest.mark.ray

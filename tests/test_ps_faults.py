@@ -1,9 +1,9 @@
 """Faults on a real local Ray: killed workers and shards, where Ray listens (a lost node:
-tests/test_dist_nodes.py).
+tests/test_ps_nodes.py).
 
-One local Ray for the module, started by dana itself (:func:`dana.ps.cluster.ray_session`:
-bound to 127.0.0.1, no dashboard) with the machine's 2 CPUs, so that the runs' 5 or 7
-actors are placed with fractional CPUs. Every run checks, per shard and per worker, that
+The session's one local Ray (conftest's ``local_ray``: started by dana itself,
+:func:`dana.ps.cluster.ray_session`, bound to 127.0.0.1, no dashboard) with the machine's
+2 CPUs, so that the runs' 5 or 7 actors are placed with fractional CPUs. Every run checks, per shard and per worker, that
 every push was applied exactly once on every shard: the pushes applied equal the last
 sequence number, on every shard alike, with no gap and no repeat.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import socket
 import struct
 import time
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_dist import run_on_ray, tiny
+from conftest import command, descendants, run_on_ray, tiny
 
 from dana.errors import DanaError, FaultError
 from dana.ps.head import HeadServer
@@ -328,15 +327,6 @@ def test_cpus_per_actor():
 # -- real runs on a local Ray -------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def dana_ray():
-    """The local Ray ``dana train`` starts for itself (loopback only, no dashboard)."""
-    from dana.ps.cluster import ray_session
-
-    with ray_session(None, actors=2):
-        yield
-
-
 class Faults(Progress):
     """Runs ``actions`` (``(steps, what)``, ``what``: ``"worker:i"``, ``"shard:s"`` (shard 0:
     the head of the moment), ``"standby:0"`` or ``"both:0"`` (the head and its standby)) once
@@ -420,7 +410,7 @@ def check_every_shard(runner: Any, steps: int, resent: bool = False) -> dict[str
 
 @pytest.mark.ray
 @needs_ray
-def test_workers_killed_repeatedly_every_shard_applies_every_push_once(dana_ray, tmp_path):
+def test_workers_killed_repeatedly_every_shard_applies_every_push_once(local_ray, tmp_path):
     """Four shards (two: the test below, which kills workers too)."""
     config = tiny(algorithm="dana-slim", workers=3, servers=4, time_scale=0.0005)
     rng = random.Random(4)
@@ -435,7 +425,7 @@ def test_workers_killed_repeatedly_every_shard_applies_every_push_once(dana_ray,
 
 @pytest.mark.ray
 @needs_ray
-def test_faults_at_random_moments(dana_ray, tmp_path):
+def test_faults_at_random_moments(local_ray, tmp_path):
     """Workers and shard 1 killed at random moments, several times in one run: shard 1
     is rebuilt twice while the run goes on, from its snapshot and shard 0's log."""
     rng = random.Random(14)
@@ -478,7 +468,7 @@ def check_shard_0_survived(runner: Any, faults: Faults) -> None:
 @pytest.mark.ray
 @needs_ray
 def test_shard_0_lost_twice_survived_then_with_its_standby_a_fault_resumed_exactly(
-    dana_ray, tmp_path
+    local_ray, tmp_path
 ):
     """The head (shard 0 of two) killed twice mid-run: each time its standby is promoted
     and a new standby built, nothing lost or applied twice on either shard; then the
@@ -519,7 +509,7 @@ def test_shard_0_lost_twice_survived_then_with_its_standby_a_fault_resumed_exact
 
 @pytest.mark.ray
 @needs_ray
-def test_without_a_standby_a_run_completes_exactly_listening_on_loopback_only(dana_ray, tmp_path):
+def test_without_a_standby_a_run_completes_exactly_listening_on_loopback_only(local_ray, tmp_path):
     """``standby=False`` (``--no-standby``): no standby actor; every push applied once on
     both shards. A local run's Ray listens on loopback only, serves no dashboard, and runs
     its actors at the driver's priority (not Ray's nice 15)."""
@@ -544,7 +534,7 @@ def test_without_a_standby_a_run_completes_exactly_listening_on_loopback_only(da
 @pytest.mark.ray
 @needs_ray
 def test_without_a_standby_the_loss_of_shard_0_exits_4_then_resumes_exactly(
-    dana_ray, tmp_path, monkeypatch, capsys
+    local_ray, tmp_path, monkeypatch, capsys
 ):
     """``dana train --no-standby`` with one shard: killing it ends the run with exit
     status 4 and the way to go on; ``--resume`` then completes the run exactly."""
@@ -594,7 +584,7 @@ def test_without_a_standby_the_loss_of_shard_0_exits_4_then_resumes_exactly(
 
 @pytest.mark.ray
 @needs_ray
-def test_bounded_staleness_across_a_promotion(dana_ray, tmp_path):
+def test_bounded_staleness_across_a_promotion(local_ray, tmp_path):
     """``--max-staleness 0`` with 3 workers (one computes at a time, two always wait):
     shard 0 killed mid-run; the promoted standby, which knows who waits, lets them go
     and keeps the bound; the run completes, every push applied once."""
@@ -665,7 +655,7 @@ def kill_shard_0_at_start(monkeypatch: Any, when: str, shard: int = 0) -> list[s
 @needs_ray
 @pytest.mark.parametrize("when, servers", [("created", 2), ("started", 1)])
 def test_shard_0_lost_as_the_run_starts_its_standby_takes_over(
-    dana_ray, tmp_path, monkeypatch, when, servers
+    local_ray, tmp_path, monkeypatch, when, servers
 ):
     """Shard 0 killed during the run's start-up, before the first push: its standby is
     promoted (a new one built) and the run completes, every push applied once."""
@@ -684,7 +674,7 @@ def test_shard_0_lost_as_the_run_starts_its_standby_takes_over(
 @needs_ray
 @pytest.mark.parametrize("when", ["created", "started"])
 def test_without_a_standby_shard_0_lost_as_the_run_starts_exits_4(
-    dana_ray, tmp_path, monkeypatch, capsys, when
+    local_ray, tmp_path, monkeypatch, capsys, when
 ):
     """``--no-standby``, shard 0 killed as the run starts: exit status 4 at once (the
     workers, which look for shard 0 as they start, are not waited for) and a message, no
@@ -718,7 +708,7 @@ def test_without_a_standby_shard_0_lost_as_the_run_starts_exits_4(
 
 @pytest.mark.ray
 @needs_ray
-def test_shard_1_lost_as_the_run_starts_ends_it_with_a_fault(dana_ray, tmp_path, monkeypatch):
+def test_shard_1_lost_as_the_run_starts_ends_it_with_a_fault(local_ray, tmp_path, monkeypatch):
     """Shard 1 killed once every actor has started, before the clocks start: a
     FaultError (exit status 4) that says so, not a traceback."""
     done = kill_shard_0_at_start(monkeypatch, "started", shard=1)
@@ -740,30 +730,6 @@ def test_token_mode_without_a_token_is_a_clear_error(monkeypatch, tmp_path):
 
 
 # -- sockets and processes ----------------------------------------------------------------
-def descendants(root: int) -> set[int]:
-    """``root`` and every process under it."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, []))
-    return found
-
-
-def command(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 def listening(pids: set[int]) -> list[tuple[str, int, int]]:
@@ -804,31 +770,3 @@ def is_loopback(address: str) -> bool:
 
 
 # -- two Ray nodes on this machine --------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def outward_ip() -> str:
-    """The address Ray gives this machine's head node (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(("192.0.2.1", 9))
-        return s.getsockname()[0]
-
-
-def kill_tree(tag: str) -> int:
-    """SIGKILL every process whose command line holds ``tag``, and their descendants
-    (never this process); how many."""
-    roots = [
-        int(p)
-        for p in os.listdir("/proc")
-        if p.isdigit() and int(p) != os.getpid() and tag in command(int(p))
-    ]
-    victims = set().union(*(descendants(r) for r in roots)) - {os.getpid()} if roots else set()
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    return len(victims)

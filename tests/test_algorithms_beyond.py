@@ -17,10 +17,16 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import make_least_squares, make_simulator, max_rel_diff
+from conftest import (
+    check_accounting,
+    make_least_squares,
+    make_simulator,
+    max_rel_diff,
+    run_on_ray,
+    tiny,
+)
 
 import dana.algorithms as A
-from dana.ps.cluster import ray_session
 from dana.sim import Simulator
 from dana.train.batches import BatchStream
 
@@ -724,9 +730,7 @@ def test_local_sgd_under_a_staleness_bound_keeps_it():
 
 # -- one real Ray run -----------------------------------------------------------------------
 @pytest.mark.ray
-def test_local_sgd_trains_on_ray_with_two_shards(tmp_path):
-    pytest.importorskip("ray")
-    from test_dist import check_accounting, run_on_ray, tiny
+def test_local_sgd_trains_on_ray_with_two_shards(local_ray, tmp_path):
 
     config = tiny(
         algorithm="dana-local",
@@ -737,9 +741,7 @@ def test_local_sgd_trains_on_ray_with_two_shards(tmp_path):
         # 0.7/sqrt(k) outer gradients: slower than this test's two epochs need)
         algorithm_params={"local_steps": 4, "outer_lr": 1.0, "outer_weight": 1.0},
     )
-    # one logical CPU per actor (2 shards, 2 workers); they share the cores there are
-    with ray_session(None, actors=4):
-        runner = run_on_ray(config, tmp_path / "run")
+    runner = run_on_ray(config, tmp_path / "run")
     dist = check_accounting(runner)
     first = dist["shards"][0]
     # every push carried 4 computations: 3 local steps per push, to within one cycle a worker
@@ -748,12 +750,12 @@ def test_local_sgd_trains_on_ray_with_two_shards(tmp_path):
 
 
 @pytest.mark.ray
-def test_dynamic_local_updates_on_ray_size_each_workers_phase_by_its_emulated_speed(tmp_path):
+def test_dynamic_local_updates_on_ray_size_each_workers_phase_by_its_emulated_speed(
+    local_ray, tmp_path
+):
     """Two Ray workers emulating 1 and 2 time units per step (trace timing, 5 ms a unit),
     H = 4: the slow one takes 2 local steps per push, the fast one 4, so that the slow one
     pushes about as often as the fast one."""
-    pytest.importorskip("ray")
-    from test_dist import check_accounting, run_on_ray, tiny
 
     path = write_trace_file(tmp_path / "t.csv", [1.0, 2.0])
     config = tiny(
@@ -767,8 +769,7 @@ def test_dynamic_local_updates_on_ray_size_each_workers_phase_by_its_emulated_sp
             "local_steps": 4, "dynamic_steps": True, "outer_lr": 1.0, "outer_weight": 1.0
         },
     )  # fmt: skip
-    with ray_session(None, actors=2):
-        runner = run_on_ray(config, tmp_path / "run")
+    runner = run_on_ray(config, tmp_path / "run")
     first = check_accounting(runner)["shards"][0]
     computations, pushes = first["last_seq"], first["applied"]
     for i, H_i in enumerate((4, 2)):  # to within the cycle under way at the end

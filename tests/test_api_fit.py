@@ -11,7 +11,6 @@ import torch
 
 import dana
 from dana.errors import ConfigError
-from dana.ps.cluster import ray_session
 from dana.train.rundir import RunDir
 
 try:
@@ -118,33 +117,32 @@ def test_fit_rejects_bad_input():
 
 @pytest.mark.ray
 @pytest.mark.skipif(ray is None, reason="needs Ray: pip install 'ray>=2.9'")
-def test_fit_runs_the_same_problem_on_both_backends(tmp_path):
+def test_fit_runs_the_same_problem_on_both_backends(local_ray, tmp_path):
     x, y = _data()
     train, test = torch.utils.data.TensorDataset(x[:500], y[:500]), (x[500:], y[500:])
     # The workers cannot import this test module: ship its factory by value, as a user
     # does for a module that is not on the cluster (docs/DISTRIBUTED.md).
-    with ray_session(None, actors=4):
-        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-        try:
-            results = {
-                backend: dana.fit(
-                    _factory,
-                    train,
-                    test,
-                    backend=backend,
-                    workers=2,
-                    lr=0.05,
-                    epochs=2,
-                    batch_size=25,
-                    out=tmp_path / backend,
-                )
-                for backend in ("sim", "ray")
-            }
-            # without shard 0's standby (docs/DISTRIBUTED.md): the same run, one actor fewer
-            bare = dana.fit(_factory, train, test, backend="ray", standby=False, workers=2,
-                            lr=0.05, epochs=2, batch_size=25, out=tmp_path / "bare")  # fmt: skip
-        finally:
-            ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        results = {
+            backend: dana.fit(
+                _factory,
+                train,
+                test,
+                backend=backend,
+                workers=2,
+                lr=0.05,
+                epochs=2,
+                batch_size=25,
+                out=tmp_path / backend,
+            )
+            for backend in ("sim", "ray")
+        }
+        # without shard 0's standby (docs/DISTRIBUTED.md): the same run, one actor fewer
+        bare = dana.fit(_factory, train, test, backend="ray", standby=False, workers=2,
+                        lr=0.05, epochs=2, batch_size=25, out=tmp_path / "bare")  # fmt: skip
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     for backend, result in results.items():
         assert result.backend == backend and result.run_dir == tmp_path / backend
         assert [round(r["epoch"]) for r in result.metrics] == [0, 1, 2]

@@ -1,0 +1,124 @@
+"""The model a run keeps: model.safetensors in every run directory, dana.load_model, the
+end state in the last checkpoint, MLflow's copy, sweeps with and without models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import dana
+from dana.cli import main
+from dana.errors import DanaError
+from dana.train.config import TrainConfig
+from dana.train.flat import evaluate_module
+from dana.train.problem import Problem
+from dana.train.rundir import RunDir
+from dana.train.training import stop_points, train
+
+#: The small BatchNorm CNN on synthetic images: parameters and buffers to keep.
+TINY = dict(
+    dataset="synthetic", model="cnn", train_size=256, test_size=64, batch_size=32,
+    epochs=2.0, eval_every=1.0, lr=0.02, workers=3, algorithm="dana-slim",
+)  # fmt: skip
+
+
+def flat(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def test_the_last_checkpoint_is_the_end_state():
+    config = TrainConfig(epochs=2.0, checkpoint_every=1.0)
+    points, evals, checkpoints = stop_points(config, 15)
+    assert max(checkpoints) == max(points) == 30  # not 15 of 30
+    assert stop_points(TrainConfig(epochs=2.0), 15)[2] == set()  # none unless asked
+
+
+def test_load_model_gives_the_last_evaluated_model(tmp_path):
+    config = TrainConfig(**TINY, checkpoint_every=1.0)
+    out = tmp_path / "run"
+    summary = train(config, out, progress=False)
+    model = dana.load_model(out)
+    assert isinstance(model, torch.nn.Module) and not model.training
+    state = RunDir(out).load_checkpoint()  # the end state (the last checkpoint)
+    assert state["sim"]["updates"] == summary["updates"]
+    assert torch.equal(flat(model), state["sim"]["master"]["theta"])  # dana-slim: Theta
+    buffers = dict(model.named_buffers())
+    for name, value in state["problem"]["buffers"].items():  # BatchNorm's statistics
+        assert torch.equal(buffers[name], value), name
+    # evaluated again on the test set: the run's final test loss and error, exactly
+    problem = Problem(config)
+    found = evaluate_module(model, problem.dataset.test_x, problem.dataset.test_y, problem.loss_fn)
+    assert found["loss"] == summary["final_test_loss"]
+    assert found["error"] == summary["final_test_error"]
+    # a factory (or an instance) of the same architecture receives the same weights
+    again = dana.load_model(out, model=lambda: Problem(config).flat.module)
+    assert torch.equal(flat(again), flat(model))
+    with pytest.raises(DanaError, match="does not fit"):
+        dana.load_model(out, model=torch.nn.Linear(3, 2))
+    with pytest.raises(DanaError, match="no model file"):
+        dana.load_model(tmp_path)
+
+
+def test_the_model_file_is_safetensors_and_ties_weights_once(tmp_path):
+    from safetensors import safe_open
+
+    from dana.models import build_language_model
+    from dana.train.modelfile import save_model
+
+    torch.manual_seed(0)
+    model = build_language_model("transformer-1-32-16", 256)
+    path = save_model(tmp_path / "m.safetensors", model, {"model": "transformer-1-32-16",
+                      "kind": "tokens", "num_classes": 256})  # fmt: skip
+    with safe_open(str(path), framework="pt") as f:
+        keys = set(f.keys())
+    assert "tok.weight" in keys and "head.weight" not in keys  # stored once
+    loaded = dana.load_model(path)
+    assert loaded.head.weight is loaded.tok.weight
+    assert torch.equal(flat(loaded), flat(model))
+
+
+def test_mlflow_keeps_the_model_as_an_artifact(tmp_path):
+    pytest.importorskip("mlflow", reason="MLflow not installed: pip install mlflow-skinny")
+    from mlflow.tracking import MlflowClient
+
+    from dana.train.tracking import tracking_uri
+
+    out, store = tmp_path / "run", tmp_path / "mlruns"
+    args = ["--dataset", "synthetic", "--model", "linear", "--train-size", "256",
+            "--test-size", "64", "--epochs", "1", "--batch-size", "32", "--quiet"]  # fmt: skip
+    assert main(["train", *args, "--mlflow", str(store), "--out", str(out)]) == 0
+    client = MlflowClient(tracking_uri=tracking_uri(str(store)))
+    run_id = json.loads((out / "mlflow_run.json").read_text())["run_id"]
+    assert "model.safetensors" in {a.path for a in client.list_artifacts(run_id)}
+    local = client.download_artifacts(run_id, "model.safetensors", str(tmp_path))
+    assert torch.equal(flat(dana.load_model(local)), flat(dana.load_model(out)))
+
+
+def test_sweeps_keep_models_unless_told_not_to(tmp_path):
+    args = ["sweep", "--dataset", "synthetic", "--model", "linear", "--train-size", "128",
+            "--test-size", "32", "--epochs", "0.5", "--batch-size", "32", "--algorithms",
+            "dana-slim", "--workers", "2", "--quiet"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "kept")]) == 0
+    assert [p.name for p in (tmp_path / "kept").glob("runs/*/model.safetensors")]
+    assert main([*args, "--out", str(tmp_path / "dropped"), "--no-models"]) == 0
+    assert not list((tmp_path / "dropped").glob("runs/*/model.safetensors"))
+    assert list((tmp_path / "dropped").glob("runs/*/summary.json"))
+
+
+@pytest.mark.ray
+def test_a_ray_run_keeps_its_last_evaluated_model(tmp_path):
+    pytest.importorskip("ray", reason="needs Ray: pip install 'ray>=2.9'")
+    config = TrainConfig(
+        **{**TINY, "model": "mlp", "workers": 2, "epochs": 1.0},
+        backend="ray", checkpoint_every=1.0,
+    )  # fmt: skip
+    out = tmp_path / "run"
+    summary = train(config, out, progress=False)
+    model = dana.load_model(out)
+    problem = Problem(config)
+    found = evaluate_module(model, problem.dataset.test_x, problem.dataset.test_y, problem.loss_fn)
+    assert found["loss"] == summary["final_test_loss"]
+    assert found["error"] == summary["final_test_error"]
+    assert RunDir(out).checkpoint.is_file()
