@@ -177,6 +177,18 @@ def fake_run(
 
 
 # -- the Ray runtime's tests: one local Ray, tiny runs, their accounting, processes ------
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test marked ``ray`` runs in one process (pytest-xdist's ``--dist loadgroup``,
+    pyproject's addopts), one after another on the session's one Ray; the other
+    processes take the rest, so that the Ray tests (a couple of cores each) overlap the
+    single-threaded ones instead of following them."""
+    for item in items:
+        if item.get_closest_marker("ray") is not None:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+
 try:
     import ray
 except ImportError:  # the tests that need it skip
