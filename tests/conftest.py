@@ -188,7 +188,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("ray"))
 
 
-
 try:
     import ray
 except ImportError:  # the tests that need it skip

@@ -333,7 +333,7 @@ def test_the_report_ranks_the_methods_on_each_cluster(tmp_path):
     assert panels["cluster fast"].rows == ["asgd", "dana-slim"]  # no cluster in the label
     report = build_report(tmp_path, tmp_path / "out")
     text = report.markdown
-    assert "## Which method first, on this cluster" in text
+    assert "## Which method first, on each cluster" in text
     # fast: asgd reaches 10.5% (baseline 10% + 0.5 pp) first and dana-slim ends lower
     fast = text.split("### Cluster fast")[1].split("###")[0]
     rows = [line for line in fast.splitlines() if line.startswith("| 4 |")]
@@ -357,3 +357,28 @@ def test_a_report_without_clusters_is_unchanged_by_them(tmp_path):
     text = build_report(tmp_path, tmp_path / "out").markdown
     assert "Which method first" not in text and "class's share" not in text
     assert not (tmp_path / "out" / "error_vs_time.png").exists()
+
+
+def test_a_budget_curve_gets_a_panel_and_a_baseline_per_budget(tmp_path):
+    """A sweep that varies the epochs has a one-worker baseline at each: every budget is
+    a panel compared with its own baseline; an algorithm's own setting (lr_scaling)
+    splits rows, not panels."""
+    for epochs, base_final, slim_final in ((40, 0.10, 0.14), (80, 0.09, 0.10)):
+        decays = [epochs / 2, epochs * 3 / 4]
+        kw = {"epochs": epochs, "lr_decay_epochs": decays}
+        fake_run(tmp_path, f"b{epochs}", "dana-slim", 1, 0, [0.9, 0.5, base_final], **kw)
+        fake_run(tmp_path, f"d{epochs}", "dana-slim", 64, 0, [0.9, 0.5, slim_final], **kw)
+        fake_run(tmp_path, f"s{epochs}", "ssgd", 64, 0, [0.9, 0.5, 0.2], lr_scaling="linear",
+                 **kw)  # fmt: skip
+    results = load_results(tmp_path)
+    assert results.panel_keys == ["epochs", "lr_decay_epochs"]
+    panels = results.panels()
+    assert list(panels) == [
+        "epochs 40, lr_decay_epochs [20,30]",
+        "epochs 80, lr_decay_epochs [40,60]",
+    ]
+    for panel, base in zip(panels.values(), (10.0, 9.0)):
+        assert 100 * panel.baseline().finals().mean() == pytest.approx(base)
+    markdown = build_report(tmp_path).markdown
+    assert "No finished one-worker baseline" not in markdown
+    assert "| 64 | 10.00 | +4.00 |" in markdown and "| 64 | 9.00 | +1.00 |" in markdown

@@ -123,8 +123,8 @@ def build_report(
         views = {label: (sub, choose_targets(sub, target)) for label, sub in panels.items()}
         lines += [
             f"The runs differ in {' and '.join(results.panel_keys)}: the methods are ranked "
-            "on each (cluster and data) first, then each is reported on its own, against "
-            "its own one-worker baseline.",
+            "on each panel first, then each is reported on its own, against its own "
+            "one-worker baseline.",
             "",
         ]
         files, tables, targets = [], [], []
@@ -174,7 +174,7 @@ def _section(
 def _slug(label: str) -> str:
     """A panel's label as a file-name suffix: ``cluster geo, partition dirichlet:0.3``
     -> ``geo_dirichlet-0.3``."""
-    parts = [part.split(" ", 1)[1] for part in label.split(", ")]
+    parts = [part.split(" ", 1)[1].strip("[]").replace(",", "-") for part in label.split(", ")]
     return re.sub(r"[^A-Za-z0-9._+-]", "-", "_".join(parts))
 
 
@@ -182,7 +182,14 @@ def _which_first(views: dict[str, tuple[Results, list[Target]]], level: int) -> 
     """The section "Which method first": the ranks on every panel, then each panel's
     ranking, then the plot of the metric against simulated time."""
     h = "#" * level
-    lines = [f"{h} Which method first, on this cluster", "", RANKING_RULE, ""]
+    on_cluster = any(
+        r.config.get("cluster") is not None for results, _ in views.values() for r in results.runs
+    )
+    if on_cluster:
+        where = "on this cluster" if len(views) == 1 else "on each cluster"
+    else:
+        where = "on each panel"
+    lines = [f"{h} Which method first, {where}", "", RANKING_RULE, ""]
     if len(views) > 1:
         lines += [
             "Each method's rank by time / rank by its final value, on each panel (at its "

@@ -129,6 +129,22 @@ _NOT_ROW_KEYS = {
 
 #: Settings whose values split a results directory into panels (:meth:`Results.panels`).
 PANEL_KEYS = ("cluster", "partition")
+#: An algorithm's own settings: rows that differ in them share the one-worker baseline.
+ALGORITHM_KEYS = ("lr_scaling", "algorithm_params")
+
+
+def panel_keys(runs: list[Run], row_keys: list[str]) -> list[str]:
+    """The settings that split the runs into panels: :data:`PANEL_KEYS` where they vary,
+    and every other varying setting in which the one-worker runs differ (a sweep that
+    varies the epochs has a baseline at each: a budget curve), but an algorithm's own
+    settings (:data:`ALGORITHM_KEYS`)."""
+    ones = [r for r in runs if r.workers == 1]
+    differ = {
+        k
+        for k in row_keys
+        if k not in ALGORITHM_KEYS and len({_canonical(r.config.get(k)) for r in ones}) > 1
+    }
+    return [k for k in row_keys if k in PANEL_KEYS or k in differ]
 
 
 def setting_text(key: str, value: Any) -> str:
@@ -138,6 +154,10 @@ def setting_text(key: str, value: Any) -> str:
         if value is None:
             return "none"
         return str(value.get("name", "cluster")) if isinstance(value, dict) else str(value)
+    if isinstance(value, list | tuple):  # (no ", " inside: it separates a label's settings)
+        return "[" + ",".join(setting_text(key, v) for v in value) + "]"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
     return str(value)
 
 
@@ -325,7 +345,7 @@ def group_runs(path: Path, runs: list[Run], baseline: str | None) -> Results:
     for run in runs:
         run.metric = results.metric
     results.row_keys = _row_keys(runs)
-    results.panel_keys = [k for k in PANEL_KEYS if k in results.row_keys]
+    results.panel_keys = panel_keys(runs, results.row_keys)
     for run in runs:
         row = row_label(run.config, results.row_keys)
         group = results.groups.setdefault((row, run.workers), Group(row, run.workers))
