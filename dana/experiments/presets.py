@@ -12,10 +12,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dana.errors import ConfigError
 from dana.experiments.grid import SweepSpec
+from dana.textfile import parse_mapping, read_text
 
 
 def preset_names() -> list[str]:
@@ -39,20 +38,9 @@ def load_preset(name: str) -> SweepSpec:
 def load_spec_file(path: str | Path) -> SweepSpec:
     """A sweep spec from a YAML (or JSON) file; ConfigError if unreadable or invalid."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the sweep config: {e.strerror}") from None
+    text = read_text(path, "the sweep config")
     return SweepSpec.from_dict(_mapping(text, str(path)), str(path))
 
 
 def _mapping(text: str, source: str) -> dict[str, Any]:
-    try:
-        values = yaml.safe_load(text)  # JSON is YAML too
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: not valid YAML: {e}") from None
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
-        raise ConfigError(f"{source}: a sweep config must hold a mapping of option: value")
-    return values
+    return parse_mapping(text, source, "a sweep config must hold a mapping of option: value")

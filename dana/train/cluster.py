@@ -40,9 +40,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dana.errors import ConfigError
+from dana.textfile import parse_mapping, read_text
 from dana.train.timing import TIMING_MODELS, build_timing
 
 SECTIONS = ("compute", "network", "availability")
@@ -74,19 +73,9 @@ def load_cluster_file(value: str) -> dict[str, Any]:
                 f"--cluster {value!r}: no such preset or file; give a cluster file (YAML) or "
                 f"one of the presets: {', '.join(preset_names())}"
             )
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise ConfigError(f"--cluster {path}: cannot read it: {e.strerror}") from None
+        text = read_text(path, "the cluster file")
         source, default_name = f"--cluster {path}", path.stem
-    try:
-        values = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: not valid YAML: {e}") from None
-    if values is None:
-        values = {}
-    if not isinstance(values, dict):
-        raise ConfigError(f"{source}: a cluster file holds a mapping (compute:, network:, ...)")
+    values = parse_mapping(text, source, "a cluster file holds a mapping (compute:, network:, ...)")
     values.setdefault("name", default_name)
     return values
 

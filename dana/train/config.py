@@ -16,18 +16,16 @@ a sweep cell and the command line, with no new dependency.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dana import algorithms
 from dana.algorithms.base import Algorithm
 from dana.errors import ConfigError
+from dana.textfile import parse_mapping, read_text
 from dana.train.backends import check_name
 from dana.train.cluster import check_workers as check_cluster_workers
 from dana.train.cluster import resolve_cluster, timing_of
@@ -108,20 +106,13 @@ class TrainConfig:
     def from_file(cls, path: str | Path) -> dict[str, Any]:
         """The options in a YAML or JSON file, as a dict (not yet merged or validated)."""
         path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read the config file: {e.strerror}") from None
-        try:
-            values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as e:
-            raise ConfigError(
-                f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}"
-            ) from None
-        if values is None:
-            values = {}
-        if not isinstance(values, dict):
-            raise ConfigError(f"{path}: a config file must hold a mapping of option: value")
+        text = read_text(path, "the config file")
+        values = parse_mapping(
+            text,
+            str(path),
+            "a config file must hold a mapping of option: value",
+            path.suffix == ".json",
+        )
         return {k.replace("-", "_"): v for k, v in values.items()}
 
     def to_dict(self) -> dict[str, Any]:

@@ -215,9 +215,15 @@ class RunDir:
                 "run started with `dana train`"
             )
         try:
-            return json.loads(self.config.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            values = json.loads(self.config.read_text())
+        except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
             raise DanaError(f"{self.config}: unreadable run config: {e}") from None
+        if not isinstance(values, dict):
+            raise DanaError(
+                f"{self.config}: not a run config (a JSON mapping of option: value, as "
+                "`dana train` writes it); put the run's own config.json back"
+            )
+        return values
 
     def write_metrics(self, rows: list[dict[str, float]]) -> None:
         buf = io.StringIO()

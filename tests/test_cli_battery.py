@@ -1,0 +1,85 @@
+"""The battery of malformed inputs: each is refused with exit status 2, a ``dana: error:``
+line naming the problem (and the file), no traceback, and no run directory left behind
+(the real command, forked from tests/clirun.py's helper)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from clirun import run_dana
+
+SMALL = {"--dataset": "synthetic", "--model": "linear", "--train-size": "256",
+         "--test-size": "64", "--batch-size": "32", "--workers": "2", "--epochs": "1"}  # fmt: skip
+
+
+def train_args(given: list[str]) -> list[str]:
+    """SMALL's options but those ``given`` (a --config file gives its own), then ``given``."""
+    flags = set(given)
+    if "--config" in flags:
+        flags |= {"--workers", "--epochs", "--batch-size", "--train-size"}
+    base = [x for k, v in SMALL.items() if k not in flags for x in (k, v)]
+    return ["train", *base, "--quiet", *given]
+
+
+def refused(result, *fragments: str) -> str:
+    """The ``dana: error:`` text, after checking the refusal's form."""
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("dana: error:")]
+    assert lines, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, (fragment, result.stderr)
+    return "\n".join(lines)
+
+
+BINARY = b"\x89PNG\r\n\x1a\n\x00\xff\xfe" * 8
+
+# (id, file name, its bytes or text, the fragments of the message)
+FILES = [
+    ("config-binary-yaml", "bad.yaml", BINARY, ["not a text file", "YAML or JSON"]),
+    ("config-binary-json", "bad.json", BINARY, ["not a text file"]),
+    ("config-list", "list.yaml", "- 1\n- 2\n", ["mapping of option: value", "got a list"]),
+    ("config-scalar-json", "s.json", "3", ["mapping of option: value", "got a int"]),
+    ("config-int-key", "k.yaml", "1: 2\n", ["1 is not an option name"]),
+    ("config-syntax", "syn.yaml", "workers: [\n", ["not valid YAML"]),
+    ("config-tag", "tag.yaml", "workers: !!python/object/apply:os.system [ls]\n", ["not valid YAML"]),
+    ("json-workers-1e400", "w.json", '{"workers": 1e400}', ["--workers must be an integer", "inf"]),
+    ("json-epochs-1e30", "e.json", f'{{"epochs": {10**30}}}', ["--epochs must be a number"]),
+    ("yaml-workers-1e30", "w.yaml", f"workers: {10**30}\n", ["--workers", "GiB"]),
+    ("json-batch-1e20", "b.json", f'{{"batch_size": {10**20}}}', ["--batch-size", "larger than"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, data, fragments", [c[1:] for c in FILES], ids=[c[0] for c in FILES])
+def test_bad_config_file(tmp_path: Path, name: str, data, fragments: list[str]) -> None:
+    path = tmp_path / name
+    path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data)
+    out = tmp_path / "run"
+    message = refused(run_dana(*train_args(["--config", str(path), "--out", str(out)])), *fragments)
+    if name.startswith(("bad", "list", "s.", "k.", "syn", "tag")):
+        assert str(path) in message  # the dana: error: line names the file
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["cluster", "sweep"])
+def test_binary_cluster_and_sweep_files(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / f"{kind}.yaml"
+    path.write_bytes(BINARY)
+    out = tmp_path / "out"
+    if kind == "cluster":
+        args = train_args(["--cluster", str(path), "--out", str(out)])
+    else:
+        args = ["sweep", "--config", str(path), "--out", str(out)]
+    message = refused(run_dana(*args), "not a text file")
+    assert str(path) in message
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("text", ["[1, 2]\n", "\xff\x00"], ids=["list", "binary"])
+def test_resume_of_a_config_that_is_no_mapping(tmp_path: Path, text: str) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_bytes(text.encode("latin-1"))
+    refused(run_dana("train", "--resume", str(run)), str(run / "config.json"))
+    assert sorted(p.name for p in run.iterdir()) == ["config.json"]
