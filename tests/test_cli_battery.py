@@ -83,3 +83,23 @@ def test_resume_of_a_config_that_is_no_mapping(tmp_path: Path, text: str) -> Non
     (run / "config.json").write_bytes(text.encode("latin-1"))
     refused(run_dana("train", "--resume", str(run)), str(run / "config.json"))
     assert sorted(p.name for p in run.iterdir()) == ["config.json"]
+
+
+DEPENDENT = [
+    ("address-without-ray", ["--address", "127.0.0.1:1"], ["--address", "--backend ray"]),
+    ("no-standby-in-sim", ["--no-standby"], ["--no-standby", "--backend ray"]),
+    ("time-scale-in-sim", ["--time-scale", "0.001"], ["--time-scale", "--backend ray"]),
+    ("servers-without-cluster", ["--servers", "2", "--algorithm", "asgd"], ["--servers", "--cluster"]),
+    ("experiment-without-mlflow", ["--mlflow-experiment", "x"], ["--mlflow-experiment", "--mlflow"]),
+    ("data-dir-of-synthetic", ["--data-dir", "."], ["--data-dir", "reads no files"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, fragments", [c[1:] for c in DEPENDENT], ids=[c[0] for c in DEPENDENT]
+)
+def test_option_that_needs_another_is_refused(tmp_path: Path, args, fragments) -> None:
+    """An option that means something only with another is refused, never ignored."""
+    out = tmp_path / "run"
+    refused(run_dana(*train_args([*args, "--out", str(out)])), *fragments, "drop")
+    assert not out.exists()

@@ -31,7 +31,10 @@ class Backend:
     - ``cluster_model``: its clock carries a simulated cluster (``--cluster``: the
       network, drift, departures; dana.train.cluster);
     - ``partitions``: its workers draw from their own parts of the data
-      (``--partition``; dana.train.partition)."""
+      (``--partition``; dana.train.partition);
+    - ``processes``: its workers and server shards are processes of their own, on a
+      cluster it may join (``--address``), with a standby of shard 0 (``--no-standby``
+      drops it) and emulated step times (``--time-scale``): options refused elsewhere."""
 
     module: str
     cls: str
@@ -41,6 +44,7 @@ class Backend:
     wall_clock: bool = False
     cluster_model: bool = False
     partitions: bool = False
+    processes: bool = False
 
 
 #: The runners, by ``--backend`` name (:func:`register` adds one).
@@ -54,6 +58,7 @@ RUNNERS: dict[str, Backend] = {
         needs="ray",
         install="pip install 'ray>=2.9'",
         wall_clock=True,
+        processes=True,
     ),
 }
 

@@ -199,6 +199,7 @@ class TrainConfig:
                 f"into shards; use {flag('servers')} 1"
             )
         _check_algorithm_params(self.algorithm, self.algorithm_params)
+        self._check_dependent_options(backend.processes)
         self._check_cluster(backend.cluster_model)
         kind, _ = parse_partition(self.partition)
         if kind != "iid" and not backend.partitions:
@@ -220,6 +221,35 @@ class TrainConfig:
                 "or trace), or set dynamic_steps to false"
             )
         return self
+
+    def _check_dependent_options(self, processes: bool) -> None:
+        """ConfigError for an option, set to other than its default, that means something
+        only with another one, and would otherwise be accepted and ignored
+        (:data:`DEPENDENT_OPTIONS`)."""
+        flag, backend = self._flag, self._flag("backend")
+        lacking = {
+            "processes": not processes,
+            "cluster": not processes and self.cluster is None,
+            "mlflow": self.mlflow is None,
+            "files": self.dataset.lower() == "synthetic",
+        }
+        fixes = {
+            "processes": f"means something only for a backend whose workers and servers are "
+            f"processes ({backend} ray); {backend} {self.backend} would ignore it: drop it, "
+            f"or add {backend} ray",
+            "cluster": f"in the simulator the shards only split the messages over the links "
+            f"of a simulated cluster, and none is given: add {flag('cluster')} (datacenter, "
+            f"cloud, geo or a file) or {backend} ray, or drop it",
+            "mlflow": f"names the experiment of {flag('mlflow')}, which is not given: add "
+            f"{flag('mlflow')} DIR_OR_URI, or drop it",
+            "files": f"{flag('dataset')} {self.dataset} is generated and reads no files: "
+            "drop it, or choose a dataset read from files",
+        }
+        for name, needs in DEPENDENT_OPTIONS.items():
+            value = getattr(self, name)
+            if value != getattr(TrainConfig, name) and lacking[needs]:
+                given = "--no-standby" if flag(name) == "--standby" else f"{flag(name)} {value!r}"
+                raise ConfigError(f"{given} {fixes[needs]}")
 
     def _check_cluster(self, simulated: bool) -> None:
         """Resolve ``cluster`` (a preset name or a file) into the model it names, check
@@ -267,6 +297,19 @@ PYTHON_NAMES: dict[str, str] = {
     "lr_decay_epochs": "decay_epochs",
     "lr_decay_factor": "decay_factor",
     "algorithm_params": "the algorithm's hyper-parameters",
+}
+
+#: The options that mean something only with another: the backend's processes
+#: (``--backend ray``), a simulated cluster (or processes), ``--mlflow``, or a dataset
+#: read from files. Set to other than its default without it, one is refused
+#: (:meth:`TrainConfig._check_dependent_options`), never silently ignored.
+DEPENDENT_OPTIONS: dict[str, str] = {
+    "address": "processes",
+    "standby": "processes",
+    "time_scale": "processes",
+    "servers": "cluster",
+    "mlflow_experiment": "mlflow",
+    "data_dir": "files",
 }
 
 #: The most evaluation (or checkpoint) points one run may ask for: each is a row of
