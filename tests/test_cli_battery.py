@@ -103,3 +103,28 @@ def test_option_that_needs_another_is_refused(tmp_path: Path, args, fragments) -
     out = tmp_path / "run"
     refused(run_dana(*train_args([*args, "--out", str(out)])), *fragments, "drop")
     assert not out.exists()
+
+
+def test_huge_sizes_are_refused_before_allocating(tmp_path: Path) -> None:
+    """A size that implies hundreds of GB is refused at once, naming the figure."""
+    import torch
+
+    cases = [
+        (["--train-size", str(10**11)], ["--dataset synthetic", "GiB", "--train-size"]),
+        (["--model", "wrn-16-100000"], ["--model wrn-16-100000", "parameters", "GiB"]),
+    ]
+    data = tmp_path / "tensors"
+    data.mkdir()
+    labels = torch.zeros(8, dtype=torch.long)
+    labels[-1] = 10**11  # a corrupt label: 10**11 classes
+    torch.save({"x": torch.zeros(8, 1, 4, 4), "y": labels}, data / "train.pt")
+    torch.save(
+        {"x": torch.zeros(8, 1, 4, 4), "y": torch.zeros(8, dtype=torch.long)}, data / "test.pt"
+    )
+    tensors = ["--dataset", "tensors", "--data-dir", str(data), "--train-size", "8",
+               "--test-size", "8", "--batch-size", "2"]  # fmt: skip
+    cases.append((tensors, ["100,000,000,001 classes", "GiB"]))
+    for args, fragments in cases:
+        out = tmp_path / "run"
+        refused(run_dana(*train_args([*args, "--out", str(out)]), timeout=60), *fragments)
+        assert not out.exists()

@@ -195,6 +195,19 @@ def _check_size(what: str, value: int | None, available: int | None = None) -> N
         raise ConfigError(f"{what} is {value} but the dataset has only {available} examples")
 
 
+def _check_synthetic_fits(train_size: int, test_size: int) -> None:
+    """ConfigError before generating a synthetic set that does not fit the memory: each
+    example is a 1 x 16 x 16 float32 image and a label, about three times over while
+    it is made."""
+    from dana.train.resources import check_fits
+
+    check_fits(
+        3 * (train_size + test_size) * (16 * 16 * 4 + 8),
+        f"--dataset synthetic of {train_size:,} training and {test_size:,} test examples",
+        "lower --train-size or --test-size",
+    )
+
+
 def _channel_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and (unbiased) std of ``N x C x H x W`` images, in float64.
 
@@ -263,6 +276,7 @@ def load_dataset(
     _check_size("train_size", train_size)
     _check_size("test_size", test_size)
     if name == "synthetic":
+        _check_synthetic_fits(train_size or 2000, test_size or 500)
         train_x, train_y, test_x, test_y = make_synthetic(
             seed, train_size=train_size or 2000, test_size=test_size or 500
         )

@@ -28,6 +28,7 @@ from dana.train.batches import BatchStream, WorkerBatches, batches_for
 from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
 from dana.train.flat import FlatModel
+from dana.train.resources import build_within_memory
 from dana.train.stacked import GradientSource
 
 
@@ -77,9 +78,16 @@ class Problem:
         self.device = resolve_device(config.device)
         torch.manual_seed(config.seed)
         if ds.kind == "tokens":
-            model = build_language_model(config.model, ds.num_classes)
+            model = build_within_memory(
+                lambda: build_language_model(config.model, ds.num_classes),
+                f"--model {config.model} over {ds.num_classes:,} tokens",
+            )
         else:
-            model = build_model(config.model, ds.channels, ds.image_size, ds.num_classes)
+            model = build_within_memory(
+                lambda: build_model(config.model, ds.channels, ds.image_size, ds.num_classes),
+                f"--model {config.model} for {ds.num_classes:,} classes of {ds.channels}x"
+                f"{ds.image_size}x{ds.image_size} images",
+            )
         self.flat = FlatModel(model.to(self.device), dtype)
         for name in ("train_x", "test_x", "train_y", "test_y"):
             t = getattr(ds, name)

@@ -19,6 +19,7 @@ there.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -149,6 +150,44 @@ def check_memory(config: Any, d: int, available: int | None = None) -> int:
             f"{max(1, int(config.workers * available / peak)):,} workers or a smaller model"
         )
     return peak
+
+
+def check_fits(need: int, what: str, fix: str, available: int | None = None) -> None:
+    """ConfigError, before anything is allocated, when ``what`` needs ``need`` bytes and
+    fewer are available (``available``, default :func:`available_memory`); the message
+    names both figures and ``fix``."""
+    if available is None:
+        available = available_memory()
+    if available is not None and need > available:
+        raise ConfigError(
+            f"{what} needs about {_gib(need)} of memory; {_gib(available)} is available: {fix}"
+        )
+
+
+#: A model in a run takes its parameters, their flat copy and a gradient: this many
+#: copies of its parameters at least (:func:`build_within_memory`).
+MODEL_COPIES = 3
+
+
+def build_within_memory(factory: Callable[[], torch.nn.Module], what: str) -> torch.nn.Module:
+    """``factory()``, once a build on the meta device (no memory) has shown that the
+    model fits the memory available (:func:`check_fits`, naming ``what`` and the count of
+    parameters); a model that cannot be built on the meta device is built directly."""
+    try:
+        with torch.device("meta"):
+            probe = factory()
+    except ConfigError:
+        raise
+    except Exception:  # a model whose construction reads values: no estimate
+        probe = None
+    if probe is not None:
+        count = sum(p.numel() for p in probe.parameters())
+        check_fits(
+            MODEL_COPIES * 4 * count,
+            f"{what} ({count:,} parameters)",
+            "choose a smaller model (or check the dataset's image size and number of classes)",
+        )
+    return factory()
 
 
 def _device_memory(device: str) -> int | None:
