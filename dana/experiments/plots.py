@@ -37,21 +37,12 @@ import numpy as np
 from dana.atomic import atomic_path
 from dana.experiments.results import Group, Metric, Results
 from dana.experiments.targets import Target, speedup_bounds, speedup_cells
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from dana.figures import subplots
 
 
 def _save(fig, path: Path) -> Path:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-    _pyplot().close(fig)
     return path
 
 
@@ -120,13 +111,10 @@ def _perplexity_axis(ax, metric: Metric) -> None:
 
 
 def plot_error_curves(results: Results, path: Path) -> Path:
-    plt = _pyplot()
     ks = [k for k in results.worker_counts if k > 1] or results.worker_counts
     cols = min(3, len(ks))
     nrows = math.ceil(len(ks) / cols)
-    fig, axes = plt.subplots(
-        nrows, cols, figsize=(5 * cols, 3.8 * nrows), squeeze=False, sharey=True
-    )
+    fig, axes = subplots(nrows, cols, figsize=(5 * cols, 3.8 * nrows), squeeze=False, sharey=True)
     styles = _styles(results.rows)
     base = results.baseline()
     ceiling = loss_ceiling(results)
@@ -295,8 +283,7 @@ def _workers_axis(ax, results: Results) -> None:
 
 def error_vs_workers_figure(results: Results):
     """The figure of ``error_vs_workers.png`` (its axes: ``fig.axes[0]``)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = subplots(figsize=(7, 4.5))
     metric = results.metric
     series = _points(
         results,
@@ -327,8 +314,7 @@ def plot_error_vs_workers(results: Results, path: Path) -> Path:
 
 def gap_vs_workers_figure(results: Results):
     """The figure of ``gap_vs_workers.png`` (its axes: ``fig.axes[0]``)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = subplots(figsize=(7, 4.5))
     series = _points(results, lambda g: float(g.gaps().mean()) if len(g.gaps()) else math.nan)
     top = robust_top(series, GAP_CLIP_FACTOR, positive=True)
     _draw_against_workers(ax, results, series, top if math.isfinite(top) else math.inf, log=True)
@@ -347,11 +333,10 @@ def speedups_figure(results: Results, targets: list[Target]):
     """The figure of ``speedup_vs_workers.png``: per target a panel of the speed-up over
     SSGD against k and under it a grid (row x k) giving each cell's speed-up or why it
     has none; a target not used says why instead."""
-    plt = _pyplot()
     rows = [r for r in results.rows if any(k > 1 for rr, k in results.groups if rr == r)]
     ks = [k for k in results.worker_counts if k > 1] or results.worker_counts
     height = 0.28 * max(len(rows), 1) + 0.8
-    fig, axes = plt.subplots(
+    fig, axes = subplots(
         2,
         len(targets),
         figsize=(6.5 * len(targets), 4.2 + height),
@@ -477,7 +462,6 @@ def plot_error_vs_time(panels: dict[str, Results], path: Path) -> Path:
     """``error_vs_time.png``: test error against simulated time, one panel per cluster
     (and data split) and worker count k > 1, one line per method (mean over seeds), the
     panel's one-worker baseline dashed."""
-    plt = _pyplot()
     cells = [
         (label, k, results)
         for label, results in panels.items()
@@ -485,7 +469,7 @@ def plot_error_vs_time(panels: dict[str, Results], path: Path) -> Path:
     ]
     cols = min(3, len(cells))
     nrows = math.ceil(len(cells) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 4 * nrows), squeeze=False)
+    fig, axes = subplots(nrows, cols, figsize=(5.5 * cols, 4 * nrows), squeeze=False)
     rows = list(dict.fromkeys(r for results in panels.values() for r in results.rows))
     styles = _styles(rows)
     for ax, (label, k, results) in zip(axes.flat, cells):
@@ -515,10 +499,9 @@ def plot_class_shares(panels: dict[str, Results], path: Path) -> Path:
     method and k (mean over seeds)."""
     from dana.experiments.ranking import class_deviations
 
-    plt = _pyplot()
     cols = min(3, len(panels))
     nrows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 3.8 * nrows), squeeze=False)
+    fig, axes = subplots(nrows, cols, figsize=(5.5 * cols, 3.8 * nrows), squeeze=False)
     rows = list(dict.fromkeys(r for results in panels.values() for r in results.rows))
     styles = _styles(rows)
     for ax, (label, results) in zip(axes.flat, panels.items()):
