@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from dana.errors import DanaError
+from dana.errors import ConfigError, DanaError
 
 #: How often Ray restarts a worker that crashed before the run gives up on it.
 WORKER_RESTARTS = 8
@@ -172,17 +172,50 @@ def placement(ray: Any, actors: int) -> float:
     return share
 
 
+#: Seconds to wait for the cluster at ``--address`` to answer; the environment
+#: variable :data:`CONNECT_TIMEOUT_VAR` sets another.
+CONNECT_TIMEOUT = 30.0
+CONNECT_TIMEOUT_VAR = "DANA_CONNECT_TIMEOUT"
+
+
+def connect_timeout() -> float:
+    """The seconds to wait for a cluster to answer (:data:`CONNECT_TIMEOUT`, or the
+    environment's ``DANA_CONNECT_TIMEOUT``); ConfigError for a value that is no number
+    of seconds in (0, 3600]."""
+    text = os.environ.get(CONNECT_TIMEOUT_VAR)
+    if text is None:
+        return CONNECT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 3600:
+        raise ConfigError(
+            f"{CONNECT_TIMEOUT_VAR}={text!r}: give the seconds to wait for the Ray cluster, "
+            "a number in (0, 3600]"
+        )
+    return value
+
+
 def _check_reachable(address: str) -> None:
-    """Fail fast on a ``HOST:PORT`` nobody listens at (Ray itself retries for minutes)."""
+    """Fail within :func:`connect_timeout` on a ``HOST:PORT`` nobody listens at, or that
+    does not answer (Ray itself retries for minutes)."""
     host, sep, port = address.split("://")[-1].rpartition(":")
     if not sep or not port.isdigit():
         return  # "auto", "local" or a form Ray interprets itself
+    timeout = connect_timeout()
     try:
-        socket.create_connection((host, int(port)), timeout=10).close()
+        socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as e:
+        problem = (
+            f"no answer within {timeout:g} s ({CONNECT_TIMEOUT_VAR} sets the deadline)"
+            if isinstance(e, TimeoutError | socket.timeout)
+            else e.strerror or str(e)
+        )
         raise DanaError(
-            f"cannot reach the Ray cluster at --address {address}: {e.strerror or e}; "
-            "start it with `ray start --head` (see docs/DISTRIBUTED.md)"
+            f"cannot reach the Ray cluster at --address {address}: {problem}; start it "
+            "with `ray start --head` on that machine, or check the address (see "
+            "docs/DISTRIBUTED.md)"
         ) from None
 
 
