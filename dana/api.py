@@ -28,8 +28,9 @@ from torch import Tensor, nn
 from dana.sim.compute import auto_batch_workers
 from dana.sim.simulator import Simulator
 from dana.train.batches import batches_for
-from dana.train.config import PYTHON_NAMES, TrainConfig
+from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
+from dana.train.entries import as_tensors, check_callable, check_model, entry_config
 from dana.train.flat import FlatModel, LossFn
 from dana.train.pushlog import PushLog
 from dana.train.resources import check_threads, default_threads
@@ -122,8 +123,13 @@ def simulate(
     ``dana.fit`` runs the whole loop of ``dana train`` (evaluations, a run directory,
     either backend); this is the simulator alone, with the :class:`Simulator` at hand.
     """
+    check_model(model, "simulate")
+    check_callable(loss_fn, "loss_fn", "simulate")
+    x, y = as_tensors((x, y), "simulate(x, y)")
     where = resolve_device(device)
-    config = TrainConfig(
+    config = entry_config(
+        simulate,
+        hparams,
         algorithm=algorithm,
         workers=workers,
         dataset="user",
@@ -132,19 +138,18 @@ def simulate(
         lr=lr,
         momentum=momentum,
         weight_decay=weight_decay,
-        lr_decay_epochs=None if decay_epochs is None else [float(e) for e in decay_epochs],
-        lr_decay_factor=decay_factor,
+        decay_epochs=decay_epochs,
+        decay_factor=decay_factor,
         warmup_epochs=warmup_epochs,
         timing=timing,
-        timing_params=dict(timing_params or {}),
-        algorithm_params=hparams,
+        timing_params=timing_params,
         seed=seed,
         device=where.type,
         batch_workers=batch_workers,
         cluster=cluster,
         partition=partition,
         servers=servers,
-    ).validate(PYTHON_NAMES)
+    )
     previous = torch.get_num_threads()
     threads = check_threads(default_threads() if threads is None else threads)
     torch.set_num_threads(threads)

@@ -35,3 +35,9 @@ class FaultError(Exception):
 class WriteError(DanaError, OSError):
     """A file could not be written (a full disk, no permission); nothing half-written is
     left, and a file it was to replace is kept as it was."""
+
+
+class ArgumentTypeError(DanaError, TypeError):
+    """An argument of the Python entries (``dana.fit``, ``dana.simulate``) of the wrong
+    type, or a keyword they do not take: a ``TypeError``, as Python raises for a call
+    that does not fit a function's signature."""

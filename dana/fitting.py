@@ -37,57 +37,23 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import default_collate
 
 from dana.data import Dataset
 from dana.errors import ConfigError, DanaError
 from dana.train.backends import check_name, runner_class
 from dana.train.batches import BatchStream, WorkerBatches, batches_for
-from dana.train.config import PYTHON_NAMES, TrainConfig
+from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
+from dana.train.entries import Tracking, as_tensors, check_callable, check_model, entry_config
 from dana.train.flat import FlatModel, LossFn
 from dana.train.pushlog import PushLog
 from dana.train.resources import check_threads, default_threads
-from dana.train.rundir import RunDir
+from dana.train.rundir import RunDir, check_local
 from dana.train.stacked import GradientSource
 from dana.train.training import execute_run, start_run
 
 ModelOrFactory = nn.Module | Callable[[], nn.Module]
 Data = tuple[Any, Any] | torch.utils.data.Dataset
-
-
-def as_tensors(data: Data, what: str) -> tuple[Tensor, Tensor]:
-    """``(x, y)`` as two tensors of the same length: from a pair of tensors (or arrays),
-    or by collating every item of a ``torch.utils.data.Dataset`` of ``(x, y)`` items."""
-    if isinstance(data, tuple | list) and len(data) == 2:
-        x, y = (torch.as_tensor(v) for v in data)
-    elif hasattr(data, "__getitem__") and hasattr(data, "__len__"):
-        n = len(data)
-        if n == 0:
-            raise ConfigError(f"{what}: the dataset is empty")
-        try:
-            batch = default_collate([data[i] for i in range(n)])
-        except (TypeError, RuntimeError) as e:
-            raise ConfigError(
-                f"{what}: the items of the dataset must be (x, y) pairs of tensors or "
-                f"numbers of one shape each: {e}"
-            ) from None
-        if not isinstance(batch, list | tuple) or len(batch) != 2:
-            raise ConfigError(f"{what}: each item of the dataset must be an (x, y) pair")
-        x, y = batch
-    else:
-        raise ConfigError(
-            f"{what}: expected (x, y) tensors or a torch.utils.data.Dataset, got "
-            f"{type(data).__name__}"
-        )
-    if x.dim() == 0 or y.dim() == 0 or len(x) != len(y):
-        raise ConfigError(
-            f"{what}: x and y must have one row per example, got shapes {tuple(x.shape)} "
-            f"and {tuple(y.shape)}"
-        )
-    if len(x) == 0:
-        raise ConfigError(f"{what}: no examples")
-    return x, y
 
 
 @dataclass
@@ -258,6 +224,9 @@ def fit(
     progress: bool = False,
     mlflow: str | None = None,
     mlflow_experiment: str = TrainConfig.mlflow_experiment,
+    run_name: str | None = None,
+    tags: dict[str, Any] | None = None,
+    tensorboard: str | Path | None = None,
     **hparams: Any,
 ) -> FitResult:
     """Train ``model`` on ``train`` with ``workers`` asynchronous workers; a :class:`FitResult`.
@@ -287,16 +256,25 @@ def fit(
     ``threads``: the simulator's batched and threaded gradients, as ``dana train
     --batch-workers`` and ``--threads``. ``out``: write the run directory there (as
     ``dana train --out`` does), else into a temporary one, removed at the end.
-    ``mlflow``: also track the run there, as ``dana train --mlflow`` does. ``cluster``
+    ``mlflow``: also track the run there, as ``dana train --mlflow`` does, as an MLflow
+    run named ``run_name`` (default: the run directory's name) with ``tags`` besides
+    ``dana.run_dir``; ``tensorboard``: also write TensorBoard logs into that directory.
+    With ``out``, a failed fit leaves nothing there, and ``out`` must be new or empty
+    (as ``dana train --out``): files fit did not write are never overwritten. ``cluster``
     and ``partition`` (the simulator only): the simulated cluster and the data per
     worker, as ``dana train --cluster`` and ``--partition`` (``servers`` then splits the
     messages over the shards' links). The
     simulator on a GPU is tested where one is lent (the tests marked ``cuda``).
     """
+    check_model(model, "fit", factory=True)
+    tracking = Tracking.check(tensorboard, run_name, tags, mlflow)
+    check_callable(loss_fn, "loss_fn", "fit")
     check_name(backend, "backend")
     where = resolve_device(device)
     threads = check_threads(default_threads() if threads is None else threads)
-    config = TrainConfig(
+    config = entry_config(
+        fit,
+        hparams,
         algorithm=algorithm,
         workers=workers,
         dataset="user",
@@ -307,15 +285,14 @@ def fit(
         lr=lr,
         momentum=momentum,
         weight_decay=weight_decay,
-        lr_decay_epochs=None if decay_epochs is None else [float(e) for e in decay_epochs],
-        lr_decay_factor=decay_factor,
+        decay_epochs=decay_epochs,
+        decay_factor=decay_factor,
         warmup_epochs=warmup_epochs,
         timing=timing,
-        timing_params=dict(timing_params or {}),
+        timing_params=timing_params,
         cluster=cluster,
         partition=partition,
         max_staleness=max_staleness,
-        algorithm_params=hparams,
         seed=seed,
         eval_every=eval_every,
         dtype=dtype,
@@ -328,7 +305,8 @@ def fit(
         batch_workers=batch_workers,
         mlflow=None if mlflow is None else str(mlflow),
         mlflow_experiment=mlflow_experiment,
-    ).validate(PYTHON_NAMES)
+        tensorboard=tensorboard is not None,
+    )
     if config.mlflow:
         from dana.train.tracking import import_mlflow
 
@@ -348,29 +326,39 @@ def fit(
     problem = UserProblem(config, spec, instance)
     if out is None:
         with tempfile.TemporaryDirectory(prefix="dana-fit-") as tmp:
-            result = _run(config, problem, RunDir(Path(tmp) / "run"), progress, threads)
-        return result
+            return _run(config, problem, RunDir(Path(tmp) / "run"), progress, threads, tracking)
+    check_local(out, "out")
     run = RunDir(out)
-    if run.holds_run():
-        raise DanaError(f"{run.path} already holds a run; choose another out")
-    result = _run(config, problem, run, progress, threads)
+    run.check_new("out")
+    with run.removed_on_failure(errors=(Exception,), keep_results=False):
+        result = _run(config, problem, run, progress, threads, tracking)
     result.run_dir = run.path
     return result
 
 
 def _run(
-    config: TrainConfig, problem: UserProblem, run: RunDir, progress: bool, threads: int
+    config: TrainConfig,
+    problem: UserProblem,
+    run: RunDir,
+    progress: bool,
+    threads: int,
+    tracking: Tracking,
 ) -> FitResult:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _run_on(config, problem, run, progress, threads)
+        return _run_on(config, problem, run, progress, threads, tracking)
     finally:
         torch.set_num_threads(previous)
 
 
 def _run_on(
-    config: TrainConfig, problem: UserProblem, run: RunDir, progress: bool, threads: int
+    config: TrainConfig,
+    problem: UserProblem,
+    run: RunDir,
+    progress: bool,
+    threads: int,
+    tracking: Tracking,
 ) -> FitResult:
     from dana.version import __version__
 
@@ -378,9 +366,13 @@ def _run_on(
     runner_cls.check(config, problem)
     runner: Any = runner_cls(config, run, problem, threads=threads)
     start_run(run, config, __version__)
+    if tracking.tensorboard is not None:
+        run.tensorboard = tracking.tensorboard
+        run.open_tensorboard()
     title = f"{config.algorithm}, k={config.workers}, {config.model}"
+    mlflow_run = {"run_name": tracking.run_name, "tags": tracking.tags}
     try:
-        summary = execute_run(runner, config, run, title, progress)
+        summary = execute_run(runner, config, run, title, progress, mlflow_run=mlflow_run)
     except DanaError as e:
         if "No module named" not in str(e):
             raise

@@ -106,7 +106,7 @@ def test_fit_rejects_bad_input():
         dana.fit(_factory(), (x, y), backend="spark")
     with pytest.raises(ConfigError, match="larger than the 100"):
         dana.fit(_factory(), (x, y), batch_size=128)
-    with pytest.raises(ConfigError, match="expected \\(x, y\\)"):
+    with pytest.raises(TypeError, match="expected \\(x, y\\)"):
         dana.fit(_factory(), 3)
     with pytest.raises(ConfigError, match="device 'gpu0'"):
         dana.fit(_factory(), (x, y), batch_size=10, device="gpu0")

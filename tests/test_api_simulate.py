@@ -104,7 +104,7 @@ def test_simulate_passes_hyper_parameters():
     assert r.simulator.algorithm.hparams() == {"momentum": 0.9, "nesterov": True}
     with pytest.raises(ValueError, match="'dana-fat'"):
         dana.simulate(_model(), x, y, algorithm="dana-fat")
-    with pytest.raises(ValueError, match="'lc'"):
+    with pytest.raises(TypeError, match="'lc'"):
         dana.simulate(_model(), x, y, algorithm="dana-slim", lc=1.0)
 
 

@@ -128,3 +128,76 @@ def test_huge_sizes_are_refused_before_allocating(tmp_path: Path) -> None:
         out = tmp_path / "run"
         refused(run_dana(*train_args([*args, "--out", str(out)]), timeout=60), *fragments)
         assert not out.exists()
+
+
+def _reader_case(tmp_path: Path, kind: str) -> tuple[list[str], list[str]]:
+    """A malformed file of each reader, the options that read it, the message's fragments."""
+    import torch
+
+    if kind == "idx-truncated":
+        for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                     "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):  # fmt: skip
+            (tmp_path / name).write_bytes(b"\x00\x00\x08\x03\x00\x00\x00\x10" + b"\x00" * 5)
+        return ["--dataset", "mnist", "--data-dir", str(tmp_path)], ["truncated"]
+    if kind == "cifar-truncated":
+        folder = tmp_path / "cifar-10-batches-bin"
+        folder.mkdir()
+        for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
+            (folder / name).write_bytes(b"\x01" * 1000)
+        return ["--dataset", "cifar10", "--data-dir", str(tmp_path)], [
+            "data_batch_1.bin",
+            "record size",
+        ]
+    if kind == "tensors-garbage":
+        (tmp_path / "train.pt").write_bytes(b"garbage")
+        (tmp_path / "test.pt").write_bytes(b"garbage")
+        return ["--dataset", "tensors", "--data-dir", str(tmp_path)], ["train.pt", "not a readable"]
+    if kind == "tensors-nan":
+        x = torch.zeros(8, 1, 4, 4)
+        x[0, 0, 0, 0] = float("nan")
+        torch.save({"x": x, "y": torch.zeros(8, dtype=torch.long)}, tmp_path / "train.pt")
+        torch.save(
+            {"x": torch.zeros(8, 1, 4, 4), "y": torch.zeros(8, dtype=torch.long)},
+            tmp_path / "test.pt",
+        )
+        return ["--dataset", "tensors", "--data-dir", str(tmp_path), "--train-size", "8",
+                "--test-size", "8", "--batch-size", "2"], ["NaN"]  # fmt: skip
+    if kind == "text-empty":
+        (tmp_path / "empty.txt").write_text("")
+        return ["--dataset", "text", "--data-dir", str(tmp_path / "empty.txt"),
+                "--model", "transformer-tiny"], ["0 bytes", "longer text"]  # fmt: skip
+    trace = tmp_path / "trace.csv"
+    texts = {"trace-binary": b"\x00\xff\x80" * 30, "trace-header": b"0,1\n1,2\n",
+             "trace-negative": b"worker,duration\n0,-1\n1,2\n"}  # fmt: skip
+    trace.write_bytes(texts[kind])
+    fragment = {
+        "trace-binary": "not a text",
+        "trace-header": "header",
+        "trace-negative": "positive",
+    }
+    return ["--timing", "trace", "--timing-trace", str(trace)], [fragment[kind]]
+
+
+READERS = ["idx-truncated", "cifar-truncated", "tensors-garbage", "tensors-nan", "text-empty",
+           "trace-binary", "trace-header", "trace-negative"]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", READERS)
+def test_malformed_data_file(tmp_path: Path, kind: str) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    args, fragments = _reader_case(data, kind)
+    out = tmp_path / "run"
+    refused(run_dana(*train_args([*args, "--out", str(out)])), *fragments)
+    assert not out.exists()
+
+
+def test_truncated_checkpoint_is_refused_and_kept(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = train_args(["--checkpoint-every", "1", "--out", str(run)])
+    assert run_dana(*args).returncode == 0
+    (run / "summary.json").unlink()
+    whole = (run / "checkpoint.pt").read_bytes()
+    (run / "checkpoint.pt").write_bytes(whole[:200])
+    refused(run_dana("train", "--resume", str(run)), "checkpoint.pt", "unreadable checkpoint")
+    assert (run / "checkpoint.pt").read_bytes() == whole[:200]

@@ -237,8 +237,8 @@ class TrainConfig:
             "processes": f"means something only for a backend whose workers and servers are "
             f"processes ({backend} ray); {backend} {self.backend} would ignore it: drop it, "
             f"or add {backend} ray",
-            "cluster": f"in the simulator the shards only split the messages over the links "
-            f"of a simulated cluster, and none is given: add {flag('cluster')} (datacenter, "
+            "cluster": f"means something in the simulator only with a simulated cluster, "
+            f"whose links the shards split the messages over, and none is given: add {flag('cluster')} (datacenter, "
             f"cloud, geo or a file) or {backend} ray, or drop it",
             "mlflow": f"names the experiment of {flag('mlflow')}, which is not given: add "
             f"{flag('mlflow')} DIR_OR_URI, or drop it",

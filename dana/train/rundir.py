@@ -26,7 +26,8 @@ import json
 import math
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from dana.atomic import (
     write_atomic,
     write_text_atomic,
 )
-from dana.errors import DanaError, WriteError
+from dana.errors import ConfigError, DanaError, WriteError
 
 #: The files a run directory holds, all written by ``dana train``.
 RUN_FILES = (
@@ -78,7 +79,7 @@ def check_local(path: str | Path, flag: str = "--out") -> None:
     """DanaError for a remote location (``s3://bucket/x``): runs are written to local
     directories only."""
     if _URI.match(str(path)):
-        raise DanaError(
+        raise ConfigError(
             f"{flag} {path}: runs are written to a local directory, not to remote storage; "
             "give a local path (and copy the run there afterwards: `aws s3 sync DIR URI`, "
             "or track it in MLflow with --mlflow, whose artifact store may be remote)"
@@ -160,35 +161,51 @@ class RunDir:
             self.path.rmdir()
         return left
 
-    def check_new(self) -> None:
+    def check_new(self, flag: str = "--out") -> None:
         """DanaError unless a new run may go here: the folder is new, or empty but for
-        temporary files of our own interrupted writes (removed), and lies under folders."""
+        temporary files of our own interrupted writes (removed), and lies under folders.
+        ``flag``: how the caller names the directory (``dana.fit``: ``out``)."""
         for parent in self.path.parents:
             if parent.exists():
                 if not parent.is_dir():
-                    raise DanaError(
-                        f"--out {self.path}: {parent} is a file, not a directory; choose an "
-                        "--out under a directory"
+                    raise ConfigError(
+                        f"{flag} {self.path}: {parent} is a file, not a directory; choose "
+                        f"{flag} under a directory"
                     )
                 break
         if self.path.exists() and not self.path.is_dir():
-            raise DanaError(
-                f"--out {self.path} exists and is not a directory; choose another --out"
-            )
+            raise ConfigError(f"{flag} {self.path} exists and is not a directory; choose another")
         if self.holds_run():
-            raise DanaError(
+            raise ConfigError(
                 f"{self.path} already holds a run; continue it with `dana train --resume "
-                f"{self.path}` or choose another --out"
+                f"{self.path}` or choose another {flag}"
             )
         self.remove_temporaries()
         held = sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
         if held:
             shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
-            raise DanaError(
-                f"--out {self.path} is not empty (it holds {shown}) and holds no run: "
-                "dana train writes only into a new or empty directory, so that it never "
-                "overwrites files it did not write; choose another --out"
+            raise ConfigError(
+                f"{flag} {self.path} is not empty (it holds {shown}) and holds no run: "
+                "a run goes only into a new or empty directory, so that it never "
+                f"overwrites files it did not write; choose another {flag}"
             )
+
+    @contextmanager
+    def removed_on_failure(
+        self, errors: tuple[type[BaseException], ...] = (DanaError,), keep_results: bool = True
+    ) -> Iterator[None]:
+        """For a new run: when the block raises one of ``errors``, remove what the run
+        wrote here (and the folder, if it made it), so that nothing blocks a rerun; with
+        ``keep_results`` a run that has a checkpoint or metrics (``--resume`` continues
+        it) is kept."""
+        created = not self.path.exists()
+        try:
+            yield
+        except errors:
+            if not (keep_results and (self.checkpoint.is_file() or self.metrics.is_file())):
+                self.close()
+                self.remove_own(keep_folder=not created)
+            raise
 
     def create(self) -> None:
         """Make the folder (and its parents); DanaError if the system refuses."""
@@ -321,10 +338,7 @@ class RunDir:
         """``curves.png``: the test error (where there is none, or for a language model,
         the test loss, and the perplexity where the rows have it) and the mean gap,
         against epochs."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from dana.figures import subplots
 
         epochs = [r["epoch"] for r in rows]
         panels = []
@@ -337,7 +351,7 @@ class RunDir:
             values = [r["test_perplexity"] for r in rows]
             panels.append((values, "test perplexity (log scale)", "test perplexity"))
         panels.append(([r["mean_gap"] for r in rows], "mean gap RMS(theta - p_i)", "gap"))
-        fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+        fig, axes = subplots(1, len(panels), figsize=(5 * len(panels), 4))
         for i, (ax, (values, label, name)) in enumerate(zip(axes, panels)):
             color = "tab:red" if i == len(panels) - 1 else None
             ax.plot(epochs, values, marker="o", color=color)
@@ -349,7 +363,6 @@ class RunDir:
         fig.tight_layout()
         with atomic_path(self.plot) as tmp:
             fig.savefig(tmp, format="png", dpi=100)
-        plt.close(fig)
 
 
 def _fmt(value: float) -> str:

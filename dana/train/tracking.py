@@ -103,7 +103,15 @@ def _finite(value: Any) -> bool:
 class MlflowTracker:
     """The MLflow run of one run directory; a sink of :meth:`RunDir.log_row`."""
 
-    def __init__(self, target: str, experiment: str, run_path: Path, config: dict[str, Any]):
+    def __init__(
+        self,
+        target: str,
+        experiment: str,
+        run_path: Path,
+        config: dict[str, Any],
+        run_name: str | None = None,
+        tags: dict[str, str] | None = None,
+    ):
         import_mlflow()
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
@@ -124,8 +132,8 @@ class MlflowTracker:
             return
         run = self.client.create_run(
             self.experiment_id,
-            run_name=self.run_path.name,
-            tags={"dana.run_dir": str(self.run_path.resolve())},
+            run_name=run_name or self.run_path.name,
+            tags={**(tags or {}), "dana.run_dir": str(self.run_path.resolve())},
         )
         self.run_id = run.info.run_id
         params = [Param(k, v[:6000]) for k, v in sorted(_flatten(config).items())]

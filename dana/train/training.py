@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +105,7 @@ def train(
     if resume:
         run.remove_temporaries()
         state = run.load_checkpoint()
-    created = not run.path.exists()
-    try:
+    with run.removed_on_failure() if not resume else nullcontext():
         runner = runner_cls(config, run, problem, algorithm, threads=threads)
         if state is not None:
             _check_settings(run, state.pop(SETTINGS_KEY, None), config)
@@ -127,10 +127,6 @@ def train(
             progress,
             keep_model=lambda p: problem.save_model(run.path, p),
         )
-    except DanaError:
-        if not resume and not (run.checkpoint.is_file() or run.metrics.is_file()):
-            run.remove_own(keep_folder=not created)  # a failed start leaves nothing
-        raise
     return summary
 
 
@@ -147,18 +143,26 @@ def execute_run(
     title: str,
     progress: bool,
     keep_model: Callable[[Tensor], Any] | None = None,
+    mlflow_run: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A run's life on any runner, as ``dana train`` and :func:`dana.fit` live it: track it
     in MLflow (``config.mlflow``), ``runner.execute`` with a progress reporter titled
     ``title``, close the run directory's writers whatever happens, then write
     ``summary.json``, the final model (``keep_model(runner.final_params())``:
-    ``model.safetensors``) and the curves, and finish the MLflow run (the model among its artifacts). A failure (an
+    ``model.safetensors``) and the curves, and finish the MLflow run (the model among its artifacts; ``mlflow_run``: its ``run_name``
+    and ``tags``). A failure (an
     interruption too) marks the MLflow run failed and propagates. The summary."""
     tracker = None
     if config.mlflow:
         from dana.train.tracking import MlflowTracker
 
-        tracker = MlflowTracker(config.mlflow, config.mlflow_experiment, run.path, config.to_dict())
+        tracker = MlflowTracker(
+            config.mlflow,
+            config.mlflow_experiment,
+            run.path,
+            config.to_dict(),
+            **(mlflow_run or {}),
+        )
         run.sinks.append(tracker)
     try:
         summary = runner.execute(Progress(enabled=progress, desc=title))

@@ -1,0 +1,191 @@
+"""What the Python entries (:func:`dana.fit`, :func:`dana.simulate`) share: their
+arguments checked as ``dana train`` checks its options, and turned into one
+:class:`~dana.train.config.TrainConfig`.
+
+A keyword neither the entry nor the algorithm takes is refused as Python refuses one
+(``TypeError: fit() got an unexpected keyword argument 'tensorbord'``), with the closest
+name and the algorithm's hyper-parameters listed apart; data must be tensors (or
+arrays) of one row per example, with finite values.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import default_collate
+
+from dana import algorithms
+from dana.errors import ArgumentTypeError, ConfigError
+from dana.train.config import PYTHON_NAMES, TrainConfig
+
+#: The entries' names for the TrainConfig fields they name otherwise.
+FIELDS = {python: field for field, python in PYTHON_NAMES.items()}
+
+
+def check_keywords(entry: Callable[..., Any], algorithm: Any, hparams: Mapping[str, Any]) -> None:
+    """ArgumentTypeError for a keyword in ``hparams`` (the entry's ``**hparams``) that is
+    no hyper-parameter of ``algorithm``: a misspelt argument of ``entry``, most likely."""
+    if not isinstance(algorithm, str) or algorithm not in algorithms.ALGORITHMS:
+        return  # TrainConfig.validate names the unknown algorithm
+    taken = algorithms.hparam_names(algorithm)
+    for key in hparams:
+        if key in taken:
+            continue
+        own = [
+            name
+            for name, p in inspect.signature(entry).parameters.items()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        ]
+        close = difflib.get_close_matches(key, own + taken, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ArgumentTypeError(
+            f"{entry.__name__}() got an unexpected keyword argument {key!r}{hint}; it takes "
+            f"{', '.join(own)}; and {algorithm}'s hyper-parameters: "
+            f"{', '.join(taken) or '(none)'} (see `dana algorithms`)"
+        )
+
+
+def entry_config(
+    entry: Callable[..., Any], hparams: Mapping[str, Any], **arguments: Any
+) -> TrainConfig:
+    """The validated TrainConfig of an entry's ``arguments`` (by the entry's names:
+    ``decay_epochs``, ``decay_factor``) and its algorithm's ``hparams``; ArgumentTypeError
+    for an unknown keyword, ConfigError (a ValueError) naming a bad value."""
+    check_keywords(entry, arguments.get("algorithm"), hparams)
+    values = {FIELDS.get(k, k): v for k, v in arguments.items()}
+    values["algorithm_params"] = dict(hparams)
+    decay = values.get("lr_decay_epochs")
+    if isinstance(decay, Sequence) and not isinstance(decay, str):
+        values["lr_decay_epochs"] = [_float(e) for e in decay]
+    params = values.get("timing_params")
+    values["timing_params"] = {} if params is None else params
+    if isinstance(params, Mapping):
+        values["timing_params"] = dict(params)
+    return TrainConfig(**values).validate(PYTHON_NAMES)
+
+
+def _float(value: Any) -> Any:
+    """A plain number as a float (config.json keeps floats); anything else as it is,
+    for the schema to name."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def check_model(model: Any, entry: str, factory: bool = False) -> None:
+    """ArgumentTypeError unless ``model`` is a ``torch.nn.Module`` (or, with
+    ``factory``, a zero-argument callable that builds one)."""
+    if isinstance(model, torch.nn.Module) or (factory and callable(model)):
+        return
+    takes = (
+        "a torch.nn.Module or a zero-argument function that builds one"
+        if factory
+        else ("a torch.nn.Module (dana.fit also takes a factory)")
+    )
+    raise ArgumentTypeError(f"{entry}(): model must be {takes}, got {type(model).__name__}")
+
+
+def check_callable(value: Any, name: str, entry: str) -> None:
+    if not callable(value):
+        raise ArgumentTypeError(
+            f"{entry}(): {name} must be a function, as loss_fn(model(x), y) -> the batch's mean "
+            f"loss, got {type(value).__name__}"
+        )
+
+
+def as_tensors(data: Any, what: str) -> tuple[Tensor, Tensor]:
+    """``(x, y)`` as two tensors of one row per example, every floating value finite:
+    from a pair of tensors (or arrays), or by collating every item of a
+    ``torch.utils.data.Dataset`` of ``(x, y)`` items. ArgumentTypeError for another
+    kind, ConfigError for a bad shape, no examples, or a NaN or infinite value."""
+    if isinstance(data, tuple | list) and len(data) == 2:
+        try:
+            x, y = (torch.as_tensor(v) for v in data)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise ArgumentTypeError(f"{what}: x and y must be tensors or arrays: {e}") from None
+    elif hasattr(data, "__getitem__") and hasattr(data, "__len__") and not isinstance(data, str):
+        n = len(data)
+        if n == 0:
+            raise ConfigError(f"{what}: the dataset is empty")
+        try:
+            batch = default_collate([data[i] for i in range(n)])
+        except (TypeError, RuntimeError) as e:
+            raise ConfigError(
+                f"{what}: the items of the dataset must be (x, y) pairs of tensors or "
+                f"numbers of one shape each: {e}"
+            ) from None
+        if not isinstance(batch, list | tuple) or len(batch) != 2:
+            raise ConfigError(f"{what}: each item of the dataset must be an (x, y) pair")
+        x, y = batch
+    else:
+        raise ArgumentTypeError(
+            f"{what}: expected (x, y) tensors or a torch.utils.data.Dataset, got "
+            f"{type(data).__name__}"
+        )
+    if x.dim() == 0 or y.dim() == 0 or len(x) != len(y):
+        raise ConfigError(
+            f"{what}: x and y must have one row per example, got shapes {tuple(x.shape)} "
+            f"and {tuple(y.shape)}"
+        )
+    if len(x) == 0:
+        raise ConfigError(f"{what}: no examples")
+    for name, t in (("x", x), ("y", y)):
+        if t.is_floating_point() or t.is_complex():
+            bad = int((~torch.isfinite(t)).sum())
+            if bad:
+                rows = int((~torch.isfinite(t)).reshape(len(t), -1).any(1).sum())
+                raise ConfigError(
+                    f"{what}: {name} holds {bad:,} NaN or infinite values (in {rows:,} of "
+                    f"{len(t):,} rows), which would train on NaN: drop those rows or fill "
+                    "them (torch.nan_to_num)"
+                )
+    return x, y
+
+
+@dataclass
+class Tracking:
+    """Where :func:`dana.fit` logs a run besides its directory: a TensorBoard log
+    directory, and the MLflow run's name and tags (with ``mlflow=``)."""
+
+    tensorboard: Path | None = None
+    run_name: str | None = None
+    tags: dict[str, str] | None = None
+
+    @classmethod
+    def check(
+        cls, tensorboard: Any, run_name: Any, tags: Any, mlflow: Any, entry: str = "fit"
+    ) -> Tracking:
+        """The arguments checked: ArgumentTypeError for a wrong type, ConfigError for
+        ``run_name`` or ``tags`` without ``mlflow`` (they would be ignored)."""
+        if tensorboard is not None and not isinstance(tensorboard, str | os.PathLike):
+            raise ArgumentTypeError(
+                f"{entry}(): tensorboard must be a directory (a str or Path) for the "
+                f"TensorBoard logs, got {type(tensorboard).__name__}"
+            )
+        if run_name is not None and not isinstance(run_name, str):
+            raise ArgumentTypeError(
+                f"{entry}(): run_name must be a str, got {type(run_name).__name__}"
+            )
+        if tags is not None and not (
+            isinstance(tags, Mapping) and all(isinstance(k, str) for k in tags)
+        ):
+            raise ArgumentTypeError(
+                f"{entry}(): tags must be a mapping of name: value, got {type(tags).__name__}"
+            )
+        for name, value in (("run_name", run_name), ("tags", tags)):
+            if value is not None and mlflow is None:
+                raise ConfigError(
+                    f"{entry}(): {name} names the MLflow run, and mlflow is not given: add "
+                    f"mlflow=DIR_OR_URI, or drop {name}"
+                )
+        return cls(
+            None if tensorboard is None else Path(tensorboard),
+            run_name,
+            None if tags is None else {k: str(v) for k, v in tags.items()},
+        )

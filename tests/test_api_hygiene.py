@@ -1,0 +1,212 @@
+"""The Python entries check their arguments as the command line does, and behave in a
+notebook: ``dana.fit`` and ``dana.simulate`` refuse bad arguments with a ValueError or
+TypeError naming the argument and the fix; ``fit(out=DIR)`` follows ``dana train
+--out``'s rules; no plot changes matplotlib's backend; MLflow run names and tags, a
+TensorBoard directory; an unreachable Ray cluster fails within a deadline."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import dana
+from dana.errors import ArgumentTypeError, ConfigError, DanaError
+
+FAST = {"workers": 2, "epochs": 1, "batch_size": 16, "lr": 0.05}
+
+
+def _data(n: int = 64):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=g)
+    return x, (x[:, 0] > 0).long()
+
+
+def _model() -> torch.nn.Module:
+    return torch.nn.Linear(4, 2)
+
+
+X, Y = _data()
+NAN_X = X.clone()
+NAN_X[3, 1] = math.nan
+
+# (id, entry, positional arguments, keywords, error class, fragments of the message)
+CASES = [
+    ("fit-lengths", dana.fit, (_model, (X, Y[:10])), {}, ValueError, ["one row per example", "(10,)"]),
+    ("fit-epochs-neg", dana.fit, (_model, (X, Y)), {"epochs": -1}, ValueError, ["epochs", "(0, "]),
+    ("fit-epochs-0", dana.fit, (_model, (X, Y)), {"epochs": 0}, ValueError, ["epochs", "got 0"]),
+    ("fit-workers-0", dana.fit, (_model, (X, Y)), {"workers": 0}, ValueError, ["workers", ">= 1"]),
+    ("fit-lr-nan", dana.fit, (_model, (X, Y)), {"lr": math.nan}, ValueError, ["lr", "nan"]),
+    ("fit-workers-str", dana.fit, (_model, (X, Y)), {"workers": "2"}, ValueError, ["workers", "'2'"]),
+    ("fit-x-nan", dana.fit, (_model, (NAN_X, Y)), {}, ValueError, ["train: x holds 1 NaN", "nan_to_num"]),
+    ("fit-test-nan", dana.fit, (_model, (X, Y), (NAN_X, Y)), {}, ValueError, ["test: x holds 1 NaN"]),
+    ("fit-model-int", dana.fit, (3, (X, Y)), {}, TypeError, ["model must be", "got int"]),
+    ("fit-data-str", dana.fit, (_model, "data"), {}, TypeError, ["expected (x, y)", "got str"]),
+    ("fit-loss", dana.fit, (_model, (X, Y)), {"loss_fn": 3}, TypeError, ["loss_fn must be a function"]),
+    ("fit-decay-str", dana.fit, (_model, (X, Y)), {"decay_epochs": "ab"}, ValueError, ["decay_epochs"]),
+    ("fit-address-sim", dana.fit, (_model, (X, Y)), {"address": "auto"}, ValueError, ["address", "backend ray"]),
+    ("fit-run-name", dana.fit, (_model, (X, Y)), {"run_name": "a"}, ValueError, ["run_name", "mlflow="]),
+    ("fit-tags-list", dana.fit, (_model, (X, Y)), {"tags": ["a"]}, TypeError, ["tags must be a mapping"]),
+    ("sim-lengths", dana.simulate, (_model(), X, Y[:10]), {}, ValueError, ["one row per example"]),
+    ("sim-x-nan", dana.simulate, (_model(), NAN_X, Y), {}, ValueError, ["x holds 1 NaN", "1 of 64 rows"]),
+    ("sim-factory", dana.simulate, (_model, X, Y), {}, TypeError, ["torch.nn.Module", "got function"]),
+    ("sim-epochs-0", dana.simulate, (_model(), X, Y), {"epochs": 0}, ValueError, ["epochs"]),
+    ("sim-lr-str", dana.simulate, (_model(), X, Y), {"lr": "0.1"}, ValueError, ["lr", "'0.1'"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "entry, args, keywords, error, fragments", [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_argument_is_refused_naming_it(entry, args, keywords, error, fragments) -> None:
+    with pytest.raises(error) as caught:
+        entry(*args, **{**FAST, **keywords})
+    assert isinstance(caught.value, ConfigError | ArgumentTypeError)  # a DanaError too
+    for fragment in fragments:
+        assert fragment in str(caught.value), (fragment, str(caught.value))
+
+
+@pytest.mark.parametrize("entry", ["fit", "simulate"])
+def test_unknown_keyword_is_refused_as_python_refuses_one(entry: str) -> None:
+    args = (_model, (X, Y)) if entry == "fit" else (_model(), X, Y)
+    with pytest.raises(TypeError) as caught:
+        getattr(dana, entry)(*args, **FAST, tensorbord="logs")
+    message = str(caught.value)
+    assert message.startswith(f"{entry}() got an unexpected keyword argument 'tensorbord'")
+    if entry == "fit":
+        assert "(did you mean 'tensorboard'?)" in message
+    assert "dana-slim's hyper-parameters: momentum" in message  # listed apart
+
+
+def test_the_algorithms_own_hyper_parameters_are_taken() -> None:
+    result = dana.simulate(_model(), X, Y, **FAST, algorithm="dc-asgd", lc=0.1)
+    assert result.simulator.algorithm.hparams()["lc"] == 0.1
+
+
+# -- fit(out=DIR): dana train --out's rules ---------------------------------------------
+@pytest.mark.parametrize("name", ["metrics.csv", "summary.json", "notes.txt"])
+def test_fit_never_overwrites_a_file_it_did_not_write(tmp_path: Path, name: str) -> None:
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / name).write_text("my own file")
+    with pytest.raises(ValueError, match="not empty") as caught:
+        dana.fit(_model, (X, Y), **FAST, out=out)
+    assert name in str(caught.value) and "choose another out" in str(caught.value)
+    assert [p.name for p in out.iterdir()] == [name]
+    assert (out / name).read_text() == "my own file"
+
+
+def test_a_failed_fit_leaves_nothing_and_the_rerun_goes_through(tmp_path: Path) -> None:
+    calls = [0]
+
+    def failing_loss(out, y):
+        calls[0] += 1
+        if calls[0] > 3:
+            raise RuntimeError("the user's loss failed")
+        return torch.nn.functional.cross_entropy(out, y)
+
+    made, existing = tmp_path / "new", tmp_path / "empty"
+    existing.mkdir()
+    for out in (made, existing):
+        calls[0] = 0
+        with pytest.raises(RuntimeError, match="the user's loss failed"):
+            dana.fit(_model, (X, Y), **FAST, loss_fn=failing_loss, out=out)
+    assert not made.exists()  # the folder fit made is gone
+    assert existing.is_dir() and not list(existing.iterdir())  # the user's is kept, empty
+    result = dana.fit(_model, (X, Y), **FAST, out=made)  # the rerun is not blocked
+    assert (made / "summary.json").is_file() and result.run_dir == made
+
+
+# -- a notebook's state ----------------------------------------------------------------
+@pytest.fixture
+def svg_backend():
+    """matplotlib's backend set to one no plot of dana's would choose, put back after."""
+    import matplotlib
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    yield "svg"
+    matplotlib.use(before)
+
+
+def test_fit_and_report_leave_matplotlibs_backend_as_it_was(tmp_path: Path, svg_backend) -> None:
+    import matplotlib
+    from conftest import fake_run
+
+    from dana.cli import main
+
+    dana.fit(_model, (X, Y), **FAST, out=tmp_path / "run")
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 0
+    assert matplotlib.get_backend() == svg_backend
+    root = tmp_path / "sweep"
+    for k, errors in ((1, [0.9, 0.5, 0.2]), (4, [0.9, 0.4, 0.1])):
+        fake_run(root, f"slim-k{k}", "dana-slim", k, 0, errors)
+    assert main(["report", str(root), "--out", str(tmp_path / "report")]) == 0
+    assert list((tmp_path / "report").rglob("*.png"))
+    assert matplotlib.get_backend() == svg_backend
+
+
+def test_fit_names_and_tags_its_mlflow_run_and_writes_tensorboard_logs(tmp_path: Path) -> None:
+    pytest.importorskip("mlflow", reason="MLflow not installed: pip install mlflow-skinny")
+    pytest.importorskip("tensorboard", reason="TensorBoard not installed")
+    from mlflow.tracking import MlflowClient
+
+    from dana.train.tracking import tracking_uri
+
+    store, board = tmp_path / "mlruns", tmp_path / "board"
+    dana.fit(_model, (X, Y), **FAST, mlflow=str(store), run_name="trial-7",
+             tags={"team": "async", "attempt": 2}, tensorboard=board)  # fmt: skip
+    client = MlflowClient(tracking_uri=tracking_uri(str(store)))
+    (run,) = client.search_runs([client.get_experiment_by_name("dana").experiment_id])
+    assert run.info.run_name == "trial-7"
+    assert run.data.tags["team"] == "async" and run.data.tags["attempt"] == "2"
+    events = list(board.glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+
+
+# -- a Ray cluster that cannot be reached ----------------------------------------------
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nobody listens there once closed
+
+
+def test_fit_joining_a_closed_port_fails_within_the_deadline(tmp_path: Path, monkeypatch) -> None:
+    import time
+
+    pytest.importorskip("ray")
+    monkeypatch.setenv("DANA_CONNECT_TIMEOUT", "2")
+    address = f"127.0.0.1:{_closed_port()}"
+    start = time.monotonic()
+    with pytest.raises(DanaError) as caught:
+        dana.fit(_model, (X, Y), **FAST, backend="ray", address=address, out=tmp_path / "run")
+    assert time.monotonic() - start < 30
+    message = str(caught.value)
+    assert f"cannot reach the Ray cluster at --address {address}" in message
+    assert "ray start --head" in message
+    assert not (tmp_path / "run").exists()  # and the failed fit left nothing
+
+
+def test_a_cluster_that_does_not_answer_is_given_up_at_the_deadline(monkeypatch) -> None:
+    import socket
+
+    from dana.ps import cluster
+
+    seen = {}
+
+    def silent(address, timeout):
+        seen["timeout"] = timeout
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(socket, "create_connection", silent)
+    monkeypatch.setenv("DANA_CONNECT_TIMEOUT", "0.5")
+    with pytest.raises(DanaError, match=r"no answer within 0.5 s \(DANA_CONNECT_TIMEOUT"):
+        cluster._check_reachable("10.1.2.3:6379")
+    assert seen["timeout"] == 0.5
+    monkeypatch.setenv("DANA_CONNECT_TIMEOUT", "soon")
+    with pytest.raises(ConfigError, match="DANA_CONNECT_TIMEOUT='soon'"):
+        cluster._check_reachable("10.1.2.3:6379")
