@@ -46,8 +46,10 @@ FILES = [
     ("config-tag", "tag.yaml", "workers: !!python/object/apply:os.system [ls]\n", ["not valid YAML"]),
     ("json-workers-1e400", "w.json", '{"workers": 1e400}', ["--workers must be an integer", "inf"]),
     ("json-epochs-1e30", "e.json", f'{{"epochs": {10**30}}}', ["--epochs must be a number"]),
-    ("yaml-workers-1e30", "w.yaml", f"workers: {10**30}\n", ["--workers", "GiB"]),
-    ("json-batch-1e20", "b.json", f'{{"batch_size": {10**20}}}', ["--batch-size", "larger than"]),
+    ("yaml-workers-1e30", "w.yaml", f"workers: {10**30}\n", ["--workers", "64 bits"]),
+    ("json-batch-1e20", "b.json", f'{{"batch_size": {10**20}}}', ["--batch-size", "64 bits"]),
+    ("json-staleness-1e30", "st.json", f'{{"max_staleness": {10**30}}}', ["--max-staleness", "64 bits"]),
+    ("trace-path-int", "tp.yaml", "timing: trace\ntiming_params: {path: 5}\n", ["path must be a file name"]),
 ]  # fmt: skip
 
 
@@ -57,7 +59,7 @@ def test_bad_config_file(tmp_path: Path, name: str, data, fragments: list[str]) 
     path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data)
     out = tmp_path / "run"
     message = refused(run_dana(*train_args(["--config", str(path), "--out", str(out)])), *fragments)
-    if name.startswith(("bad", "list", "s.", "k.", "syn", "tag")):
+    if name.startswith(("bad", "list", "s.j", "k.", "syn", "tag")):
         assert str(path) in message  # the dana: error: line names the file
     assert not out.exists()
 
@@ -201,3 +203,17 @@ def test_truncated_checkpoint_is_refused_and_kept(tmp_path: Path) -> None:
     (run / "checkpoint.pt").write_bytes(whole[:200])
     refused(run_dana("train", "--resume", str(run)), "checkpoint.pt", "unreadable checkpoint")
     assert (run / "checkpoint.pt").read_bytes() == whole[:200]
+
+
+@pytest.mark.parametrize("text", ["[1]", "{", "\xff"], ids=["list", "cut", "binary"])
+def test_report_and_resume_of_a_corrupt_summary(tmp_path: Path, text: str) -> None:
+    """A summary.json that is no mapping: the report shows the run as not finished, and
+    --resume names the file (no traceback either way)."""
+    run = tmp_path / "runs" / "a"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text('{"algorithm": "asgd", "workers": 2, "seed": 0}')
+    (run / "metrics.csv").write_text("epoch,updates\n0,0\n")
+    (run / "summary.json").write_bytes(text.encode("latin-1"))
+    result = run_dana("report", str(tmp_path), "--out", str(tmp_path / "report"))
+    assert "Traceback" not in result.stderr, result.stderr
+    refused(run_dana("train", "--resume", str(run)), str(run / "summary.json"))

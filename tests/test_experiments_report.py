@@ -220,7 +220,6 @@ def test_a_diverged_gap_of_3e13_is_clipped_and_marked(tmp_path):
     # every drawn point lies inside the axis
     ys = [y for line in ax.get_lines() for y in line.get_ydata() if math.isfinite(y)]
     assert max(ys) <= top
-    plots._pyplot().close(fig)
 
 
 def test_the_error_plot_marks_a_cell_where_every_seed_diverged(tmp_path):
@@ -230,7 +229,6 @@ def test_the_error_plot_marks_a_cell_where_every_seed_diverged(tmp_path):
     assert "diverged seed (at the top edge: off scale or no value)" in _labels(ax)
     assert "off scale (at the top edge)" not in _labels(ax)
     assert ax.get_ylim()[1] <= 100
-    plots._pyplot().close(fig)
 
 
 def test_the_speedup_plot_says_why_a_cell_is_missing(tmp_path):
@@ -261,7 +259,6 @@ def test_the_speedup_plot_says_why_a_cell_is_missing(tmp_path):
         assert reason in texts
     assert "2.00×" in texts and "> 2.00×" in texts
     assert "at least (ssgd not reached)" in _labels(fig.axes[0])
-    plots._pyplot().close(fig)
     assert "| 12.5 (no ssgd) |" in time_table(results, 0.2)
 
 
@@ -282,7 +279,6 @@ def test_thirteen_rows_are_told_apart_on_the_plot(tmp_path):
     assert set(drawn) == set(names)
     assert len(set(drawn.values())) == 13
     assert drawn["algo00"][0] == drawn["algo10"][0] and drawn["algo00"][1] != drawn["algo10"][1]
-    plots._pyplot().close(fig)
 
 
 def test_the_baseline_lies_inside_the_error_plot_and_no_empty_speedup_plot(tmp_path):
@@ -294,7 +290,6 @@ def test_the_baseline_lies_inside_the_error_plot_and_no_empty_speedup_plot(tmp_p
     fig = plots.error_vs_workers_figure(load_results(tmp_path))
     bottom, top = fig.axes[0].get_ylim()
     assert bottom < 10.0 < top
-    plots._pyplot().close(fig)
     report = build_report(tmp_path)
     assert not (tmp_path / "speedup_vs_workers.png").exists()
     assert "no SSGD row: no speed-up over SSGD, and no speed-up plot" in report.markdown

@@ -437,13 +437,13 @@ def _read_run(run: RunDir, failed: set[str]) -> Run | None:
     if run.finished():
         try:
             summary = run.read_summary()
-        except (OSError, json.JSONDecodeError):
+        except DanaError:  # unreadable: shown as not finished
             summary = None
     metrics: list[dict[str, float]] = []
     if run.metrics.is_file():
         try:
             metrics = run.read_metrics()
-        except (OSError, ValueError):
+        except (OSError, ValueError, DanaError):  # unreadable: no curve
             metrics = []
     if summary is not None:
         status = "diverged" if summary.get("diverged") else "finished"

@@ -317,6 +317,8 @@ DEPENDENT_OPTIONS: dict[str, str] = {
 MAX_STOPS = 100_000
 #: The longest run, in epochs: far past any protocol (the paper's longest is 200).
 MAX_EPOCHS = 1_000_000
+#: The largest integer an option may hold: torch's and numpy's int64.
+MAX_INT = 2**63 - 1
 #: Seeds go to torch, numpy and derived generators (seed + a constant): 32 bits suffice.
 MAX_SEED = 2**32 - 1
 
@@ -361,6 +363,10 @@ class Rule:
             if isinstance(value, bool) or not isinstance(value, int) or not self._in_range(value):
                 also = "".join(f" or {c}" for c in self.choices)
                 raise ConfigError(f"{flag} must be an integer {self._range()}{also}, got {value!r}")
+            if abs(value) > MAX_INT:
+                raise ConfigError(
+                    f"{flag} {value} is too large for an integer of 64 bits (at most 2**63 - 1)"
+                )
         elif self.kind is float:
             ok = (
                 isinstance(value, int | float)

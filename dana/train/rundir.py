@@ -253,8 +253,16 @@ class RunDir:
         write_text_atomic(self.metrics, buf.getvalue())
 
     def read_metrics(self) -> list[dict[str, float]]:
+        """The rows of ``metrics.csv``; DanaError for one that lacks a column of
+        :data:`METRICS_COLUMNS` (ValueError for a value that is no number)."""
         with self.metrics.open(newline="") as f:
-            return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+            reader = csv.DictReader(f)
+            missing = [c for c in METRICS_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise DanaError(
+                    f"{self.metrics}: not a run's metrics (no column {', '.join(missing)})"
+                )
+            return [{k: float(v) for k, v in row.items()} for row in reader]
 
     def open_tensorboard(self) -> None:
         """Also log every metrics row as TensorBoard scalars under ``tensorboard/``."""
@@ -288,7 +296,17 @@ class RunDir:
         write_text_atomic(self.summary, json.dumps(_jsonable(summary), indent=2) + "\n")
 
     def read_summary(self) -> dict[str, Any]:
-        return json.loads(self.summary.read_text())
+        """The run's summary; DanaError for one that is unreadable or no mapping."""
+        try:
+            values = json.loads(self.summary.read_text())
+        except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+            raise DanaError(f"{self.summary}: unreadable run summary: {e}") from None
+        if not isinstance(values, dict):
+            raise DanaError(
+                f"{self.summary}: not a run summary (a JSON mapping, as `dana train` writes "
+                "it); move it away to rerun the run"
+            )
+        return values
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         """Write the checkpoint, with the run's settings (:attr:`settings`) when set; the

@@ -38,6 +38,7 @@ from __future__ import annotations
 import csv
 import inspect
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +197,10 @@ class Trace(TimingModel):
         super().__init__(workers, seed)
         if not path:
             raise ConfigError("timing 'trace' needs a file: pass --timing-trace FILE")
+        if not isinstance(path, str | os.PathLike):
+            raise ConfigError(
+                f"timing 'trace': the trace's path must be a file name (a string), got {path!r}"
+            )
         self.path = str(path)
         self.durations = read_trace(path)
         self.position = [0] * workers
