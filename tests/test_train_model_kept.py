@@ -12,7 +12,7 @@ import dana
 from dana.cli import main
 from dana.errors import DanaError
 from dana.train.config import TrainConfig
-from dana.train.flat import evaluate_module
+from dana.train.evaluation import evaluate_module
 from dana.train.problem import Problem
 from dana.train.rundir import RunDir
 from dana.train.training import stop_points, train
