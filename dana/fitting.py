@@ -6,8 +6,8 @@ training data and optional test data (tensors, a ``Dataset`` read per batch or a
 exact simulator, :mod:`dana.sim`) or ``backend="ray"`` (real workers and parameter-server
 shards on Ray, :mod:`dana.ps`). Both run the loop of ``dana train``: evaluations every
 ``eval_every`` epochs (any task: :mod:`dana.train.evaluation`; a metric hook adds
-columns), the same ``metrics.csv`` rows and ``summary.json`` figures, and both return
-the same :class:`FitResult`.
+columns), the same ``metrics.csv`` rows and ``summary.json`` figures, the final model
+kept in the run directory, and both return the same :class:`FitResult`.
 
 On Ray the problem travels to the workers as one object in Ray's object store (a
 :class:`UserProblemSpec`: the model or its factory, the training data as given, the
@@ -185,6 +185,20 @@ class UserProblem:
         test = self.test
         return self.flat.measure(params, test.x, test.y, self.loss_fn, metrics=self.metrics)
 
+    def model_info(self) -> dict[str, Any]:
+        """The model file's metadata: a user's model, loaded into the user's factory."""
+        return {"model": self.config.model, "kind": "user"}
+
+    def save_model(self, path: str | Path, params: Tensor) -> Path:
+        """Write the model at ``params``, with its buffers, to ``path`` (a run
+        directory: its ``model.safetensors``; :mod:`dana.train.modelfile`)."""
+        from dana.train.modelfile import save_model
+
+        flat = self.flat
+        with torch.no_grad():
+            flat.load(params.to(flat.flat.device, flat.flat.dtype))
+        return save_model(path, flat.module, self.model_info())
+
     def state_dict(self) -> dict[str, Any]:
         return {"buffers": self.flat.buffers_state()}
 
@@ -299,7 +313,9 @@ def fit(
     cluster's GPUs, while the servers stay on the CPU). ``batch_workers`` and
     ``threads``: the simulator's batched and threaded gradients, as ``dana train
     --batch-workers`` and ``--threads``. ``out``: write the run directory there (as
-    ``dana train --out`` does), else into a temporary one, removed at the end.
+    ``dana train --out`` does, the final model as its ``model.safetensors``:
+    ``dana.load_model(out, model=make_model)``), else into a temporary one, removed at
+    the end.
     ``mlflow``: also track the run there, as ``dana train --mlflow`` does. ``cluster``
     and ``partition`` (the simulator only): the simulated cluster and the data per
     worker, as ``dana train --cluster`` and ``--partition`` (``servers`` then splits the
@@ -397,7 +413,14 @@ def _run_on(
     start_run(run, config, __version__)
     title = f"{config.algorithm}, k={config.workers}, {config.model}"
     try:
-        summary = execute_run(runner, config, run, title, progress)
+        summary = execute_run(
+            runner,
+            config,
+            run,
+            title,
+            progress,
+            keep_model=lambda params: problem.save_model(run.path, params),
+        )
     except DanaError as e:
         if "No module named" not in str(e):
             raise

@@ -96,6 +96,13 @@ def _check_run(run_dir, columns: tuple[str, ...], error: bool) -> None:
     assert (run_dir / "curves.png").stat().st_size > 0
 
 
+def _check_model(result, make) -> None:
+    """The run directory keeps the final model: the parameters the result holds."""
+    kept = dana.load_model(result.run_dir, model=make).state_dict()
+    for name, value in result.model.state_dict().items():
+        assert torch.equal(kept[name], value), name
+
+
 def _check_report(results, column: str, compared: str) -> None:
     """``dana report``: compares ``compared``, and gives the measured ``column`` its
     table and plot, with no NaN."""
@@ -122,6 +129,7 @@ def test_a_regression_and_a_language_model_through_fit(tmp_path):
             result.metrics[-1]["test_mae"], rel=1e-5
         )
         _check_run(result.run_dir, ("test_mae",), error=False)
+        _check_model(result, regression_model)
     _check_report(tmp_path / "regression", "test_mae", "test_loss")
 
     x, y = token_data()
@@ -157,7 +165,9 @@ def test_a_regression_and_a_language_model_on_ray(local_ray, tmp_path):
     losses = [r["test_loss"] for r in regression.metrics]
     assert losses[-1] < 0.05 * losses[0]
     _check_run(regression.run_dir, ("test_mae",), error=False)
+    _check_model(regression, regression_model)
     _check_report(tmp_path / "regression", "test_mae", "test_loss")
     assert language.metrics[-1]["test_loss"] < language.metrics[0]["test_loss"] - 0.5
     _check_run(language.run_dir, ("test_top5", "test_perplexity"), error=True)
+    _check_model(language, language_model)
     _check_report(tmp_path / "language", "test_top5", "test_loss")
