@@ -139,12 +139,19 @@ def test_fit_keeps_its_final_model_in_the_run_directory_and_in_mlflow(tmp_path):
                                    torch.nn.ReLU(), torch.nn.Linear(8, 2))  # fmt: skip
 
     store, out = tmp_path / "mlruns", tmp_path / "run"
+
+    def hits(out: torch.Tensor, y: torch.Tensor) -> float:
+        return (out.argmax(1) == y).double().mean().item()
+
     result = dana.fit(make, (x, y), workers=2, lr=0.05, epochs=1, batch_size=16,
-                      out=out, mlflow=str(store))  # fmt: skip
+                      out=out, mlflow=str(store), metrics={"hits": hits})  # fmt: skip
     last = result.model.state_dict()  # the run's last parameters and buffers
     kept = dana.load_model(out, model=make)
     client = MlflowClient(tracking_uri=tracking_uri(str(store)))
     run_id = json.loads((out / "mlflow_run.json").read_text())["run_id"]
+    # the metric hook's column reaches the tracker with the others
+    history = client.get_metric_history(run_id, "test_hits")
+    assert [m.value for m in history] == [r["test_hits"] for r in result.metrics]
     artifact = client.download_artifacts(run_id, "model.safetensors", str(tmp_path))
     tracked = dana.load_model(artifact, model=make)
     for model in (kept, tracked):
