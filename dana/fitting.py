@@ -1,15 +1,17 @@
 """Train your own model on your own data with ``k`` asynchronous workers, on either runner.
 
 :func:`fit` takes a ``torch.nn.Module`` (or a zero-argument factory that builds one),
-training data and optional test data (each a pair of tensors ``(x, y)`` or any
-``torch.utils.data.Dataset`` of ``(x, y)`` items), a loss, and ``backend="sim"`` (the
+training data and optional test data (tensors, a ``Dataset`` read per batch or an
+``IterableDataset``: :mod:`dana.train.reading`), a loss, and ``backend="sim"`` (the
 exact simulator, :mod:`dana.sim`) or ``backend="ray"`` (real workers and parameter-server
 shards on Ray, :mod:`dana.ps`). Both run the loop of ``dana train``: evaluations every
-``eval_every`` epochs, the same ``metrics.csv`` rows and ``summary.json`` figures, and
-both return the same :class:`FitResult`.
+``eval_every`` epochs (any task: :mod:`dana.train.evaluation`; a metric hook adds
+columns), the same ``metrics.csv`` rows and ``summary.json`` figures, the final model
+kept in the run directory, and both return the same :class:`FitResult`.
 
 On Ray the problem travels to the workers as one object in Ray's object store (a
-:class:`UserProblemSpec`: the model or its factory, the data, the loss), pickled with
+:class:`UserProblemSpec`: the model or its factory, the training data as given, the
+loss), pickled with
 Ray's cloudpickle: a model class or loss defined in the driver script is shipped by
 value, one defined in another module must be importable on the cluster's nodes (see
 docs/DISTRIBUTED.md).
@@ -29,41 +31,50 @@ from __future__ import annotations
 
 import copy
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dana.data import Dataset
 from dana.errors import ConfigError, DanaError
+from dana.train import inputs as I
 from dana.train.backends import check_name, runner_class
 from dana.train.batches import BatchStream, WorkerBatches, batches_for
 from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
-from dana.train.entries import Tracking, as_tensors, check_callable, check_model, entry_config
+from dana.train.entries import Tracking, check_callable, check_model, entry_config
+from dana.train.evaluation import (
+    TOKENS,
+    MetricFn,
+    check_metrics,
+    cross_entropy,
+    metric_column,
+    perplexity,
+    probe_task,
+)
 from dana.train.flat import FlatModel, LossFn
 from dana.train.pushlog import PushLog
+from dana.train.reading import Data, MapData, ReadBatches, TensorData, data_source, place
 from dana.train.resources import check_threads, default_threads
 from dana.train.rundir import RunDir, check_local
 from dana.train.stacked import GradientSource
-from dana.train.training import execute_run, start_run
+from dana.train.training import add_columns, execute_run, start_run
 
 ModelOrFactory = nn.Module | Callable[[], nn.Module]
-Data = tuple[Any, Any] | torch.utils.data.Dataset
 
 
 @dataclass
 class UserProblemSpec:
-    """What a worker needs to rebuild the problem: picklable, shipped once through Ray."""
+    """What a worker needs to rebuild the problem: picklable, shipped once through Ray
+    (the training data as they came: tensors, or the dataset object each worker reads
+    itself; never the test data, which the driver evaluates)."""
 
     model: ModelOrFactory
-    train: tuple[Tensor, Tensor]
-    test: tuple[Tensor, Tensor]
-    loss_fn: LossFn = F.cross_entropy
+    train: Data
+    loss_fn: LossFn = cross_entropy
     device: str = "cpu"
 
     def build(self, config: TrainConfig) -> UserProblem:
@@ -77,82 +88,117 @@ class UserProblemSpec:
         return UserProblem(config, self, model)
 
 
+@dataclass
+class UserData:
+    """What the runners read of the data: the training examples and their class labels
+    (None when they are not classes, or not known before reading: the bias meter)."""
+
+    train_size: int
+    train_y: Tensor | None
+
+
 class UserProblem:
     """:class:`dana.train.problem.Problem`'s interface on the user's model, data and loss.
 
-    The test error is the fraction of ``argmax(model(x)) != y`` when the targets are
-    integer class labels and the outputs ``N x C``; otherwise NaN (the test loss is
-    still the mean of ``loss_fn`` over batches of 1000, weighted by their size).
+    The evaluation is every run's (:mod:`dana.train.evaluation`): the loss, the error
+    rate where the outputs and targets define one, and the ``metrics`` hook's values;
+    token prediction (``N x T x V`` outputs against ``N x T`` integer targets) also
+    gets ``test_perplexity``. ``test``: the evaluation data (the driver's; None in a
+    Ray worker). The training data are read as :mod:`dana.train.reading` says.
     """
 
-    def __init__(self, config: TrainConfig, spec: UserProblemSpec, model: nn.Module):
+    def __init__(
+        self,
+        config: TrainConfig,
+        spec: UserProblemSpec,
+        model: nn.Module,
+        test: TensorData | None = None,
+        metrics: Mapping[str, MetricFn] | None = None,
+    ):
         if not isinstance(model, nn.Module):
             raise ConfigError(f"the model must be a torch.nn.Module, got {type(model).__name__}")
         self.config, self.spec, self.loss_fn = config, spec, spec.loss_fn
-        dtype = getattr(torch, config.dtype)
-        device = torch.device(spec.device)
-        model.to(device)
+        self.dtype = getattr(torch, config.dtype)
+        self.device = torch.device(spec.device)
+        model.to(self.device)
         try:
-            self.flat = FlatModel(model, dtype)
+            self.flat = FlatModel(model, self.dtype)
         except ValueError as e:
             raise ConfigError(f"model: {e}") from None
+        train = spec.train
+        self.train = train.to(self.device, self.dtype) if isinstance(train, TensorData) else train
+        labels = self.train.labels
+        classes = labels is not None and labels.dim() == 1 and not labels.is_floating_point()
+        self.dataset = UserData(train.n, labels if classes else None)
+        self.test = None if test is None else test.to(self.device, self.dtype)
+        self.metrics = dict(metrics or {})
+        #: metrics.csv's columns of the metric hook, and the derived perplexity.
+        self.measured = tuple(metric_column(name) for name in self.metrics)
+        self.derived: dict[str, Callable[[dict[str, float]], float]] = {}
+        if self.test is not None and probe_task(self.flat.module, *self.probe()) == TOKENS:
+            self.derived["test_perplexity"] = perplexity
 
-        def place(t: Tensor) -> Tensor:
-            return t.to(device, dtype) if t.is_floating_point() else t.to(device)
-
-        (train_x, train_y), (test_x, test_y) = spec.train, spec.test
-        self.dataset = Dataset(
-            name="user",
-            train_x=place(train_x),
-            train_y=place(train_y),
-            test_x=place(test_x),
-            test_y=place(test_y),
-            num_classes=0,
-            augment=False,
-        )
+    def probe(self) -> tuple[I.Inputs, Tensor]:
+        """Two test examples."""
+        rows = torch.arange(min(2, len(self.test.y)), device=self.test.y.device)
+        return self.test.rows(rows)
 
     def initial_params(self) -> Tensor:
         return self.flat.flat.clone()
 
-    def batches(self, seed: int) -> BatchStream | WorkerBatches:
-        config = self.config
-        return batches_for(
-            config.partition, self.dataset.train_y, config.batch_size, seed, config.workers
-        )
+    def batches(
+        self, seed: int, worker: int | None = None
+    ) -> BatchStream | WorkerBatches | ReadBatches:
+        """The run's stream seeded ``seed`` (``worker``: one Ray worker's own): rows of
+        tensors in memory, or batches read when drawn (:class:`ReadBatches`, keyed by
+        the run's seed, the worker and its step)."""
+        config, data = self.config, self.train
+        if isinstance(data, TensorData):
+            return batches_for(config.partition, data.y, config.batch_size, seed, config.workers)
+        if config.partition != "iid" and data.labels is None:
+            raise ConfigError(
+                f"partition {config.partition!r} splits the data by class: it needs the "
+                "labels, (x, y) tensors or a Dataset with a `targets` attribute of integer "
+                "labels; use partition='iid'"
+            )
+        rows = None
+        if isinstance(data, MapData):  # (an iterable's batches come in its own order)
+            labels = data.labels if data.labels is not None else torch.zeros(data.n)
+            rows = batches_for(config.partition, labels, config.batch_size, seed, config.workers)
+        return ReadBatches(data, config.batch_size, config.seed, rows, worker)
 
-    def gradient(self, params: Tensor, rows: Tensor) -> tuple[Tensor, float]:
-        return self.flat.gradient(params, *self.inputs(rows), self.loss_fn)
+    def gradient(self, params: Tensor, batch: Any) -> tuple[Tensor, float]:
+        return self.flat.gradient(params, *self.inputs(batch), self.loss_fn)
 
-    def inputs(self, rows: Tensor) -> tuple[Tensor, Tensor]:
-        ds = self.dataset
-        rows = rows.to(ds.train_x.device)
-        return ds.train_x[rows], ds.train_y[rows]
+    def inputs(self, batch: Any) -> tuple[I.Inputs, Tensor]:
+        """A batch's examples on the device: rows of the tensors, or a read batch."""
+        if torch.is_tensor(batch):
+            x, y = self.train.rows(batch)
+        else:
+            x, y = batch
+        return place(x, self.device, self.dtype), place(y, self.device, self.dtype)
 
     def source(self) -> GradientSource:
         return GradientSource(self.flat, self.loss_fn, self.inputs)
 
-    def evaluate(self, params: Tensor) -> tuple[float, float]:
-        return self.evaluate_on(params, self.dataset.test_x, self.dataset.test_y)
+    def evaluate(self, params: Tensor) -> dict[str, float]:
+        """The test set's loss, error rate and metrics at ``params``."""
+        test = self.test
+        return self.flat.measure(params, test.x, test.y, self.loss_fn, metrics=self.metrics)
 
-    @torch.no_grad()
-    def evaluate_on(
-        self, params: Tensor, x: Tensor, y: Tensor, batch_size: int = 1000
-    ) -> tuple[float, float]:
-        """(mean loss, error rate or NaN) of ``params`` on ``(x, y)``, in eval mode."""
+    def model_info(self) -> dict[str, Any]:
+        """The model file's metadata: a user's model, loaded into the user's factory."""
+        return {"model": self.config.model, "kind": "user"}
+
+    def save_model(self, path: str | Path, params: Tensor) -> Path:
+        """Write the model at ``params``, with its buffers, to ``path`` (a run
+        directory: its ``model.safetensors``; :mod:`dana.train.modelfile`)."""
+        from dana.train.modelfile import save_model
+
         flat = self.flat
-        flat._point_at(params)
-        flat.module.eval()
-        classification = not y.is_floating_point() and y.dim() == 1
-        total, wrong = 0.0, 0
-        for start in range(0, len(x), batch_size):
-            xb, yb = x[start : start + batch_size], y[start : start + batch_size]
-            out = flat.module(xb)
-            total += self.loss_fn(out, yb).item() * len(yb)
-            if classification and out.dim() == 2:
-                wrong += (out.argmax(1) != yb).sum().item()
-            else:
-                classification = False
-        return total / len(x), wrong / len(x) if classification else float("nan")
+        with torch.no_grad():
+            flat.load(params.to(flat.flat.device, flat.flat.dtype))
+        return save_model(path, flat.module, self.model_info())
 
     def state_dict(self) -> dict[str, Any]:
         return {"buffers": self.flat.buffers_state()}
@@ -180,20 +226,29 @@ class FitResult:
     run_dir: Path | None = None
     problem: UserProblem | None = field(default=None, repr=False)
 
-    def evaluate(self, x: Tensor, y: Tensor) -> tuple[float, float]:
-        """(mean loss, error rate) of the final parameters on ``(x, y)``."""
-        flat = self.problem.flat
-        place = self.problem.dataset.train_x
-        x = x.to(place.device, place.dtype) if x.is_floating_point() else x.to(place.device)
-        return self.problem.evaluate_on(flat.flat, x, y.to(place.device))
+    def evaluate(self, x: I.Inputs, y: Tensor) -> tuple[float, float]:
+        """(mean loss, error rate or NaN) of the final parameters on ``(x, y)``
+        (:mod:`dana.train.evaluation`)."""
+        found = self.measure(x, y)
+        return found["loss"], found["error"]
+
+    def measure(self, x: I.Inputs, y: Tensor) -> dict[str, float]:
+        """``{"loss", "error", NAME...}`` of the final parameters on ``(x, y)``, the
+        run's ``metrics`` included."""
+        problem = self.problem
+        x, y = (place(v, problem.device, problem.dtype) for v in (x, y))
+        return problem.flat.measure(
+            problem.flat.flat, x, y, problem.loss_fn, metrics=problem.metrics
+        )
 
 
 def fit(
     model: ModelOrFactory,
-    train: Data,
-    test: Data | None = None,
+    train: Any,
+    test: Any = None,
     *,
-    loss_fn: LossFn = F.cross_entropy,
+    loss_fn: LossFn = cross_entropy,
+    metrics: Mapping[str, MetricFn] | None = None,
     algorithm: str = TrainConfig.algorithm,
     workers: int = TrainConfig.workers,
     lr: float = TrainConfig.lr,
@@ -242,8 +297,15 @@ def fit(
 
     ``model``: a module (its current parameters are the start; on Ray each worker gets a
     copy), or a zero-argument factory (called after ``torch.manual_seed(seed)``, once
-    here and once in each Ray worker). ``test`` defaults to the training data.
-    ``loss_fn(model(x), y)`` must return the batch's mean loss. ``algorithm`` is any name
+    here and once in each Ray worker). ``train`` and ``test``: ``(x, y)`` tensors, a
+    ``Dataset`` of ``(x, y)`` items read per batch, or an ``IterableDataset`` with
+    ``__len__`` (:mod:`dana.train.reading`; ``x`` a tensor, a tuple or a dict of tensors:
+    ``model(x)``, ``model(*x)``, ``model(**x)``); ``test`` defaults to the training data.
+    ``loss_fn(model(x), y)`` must return the batch's mean loss (default: the
+    cross-entropy over the classes of the output's last dimension).
+    ``metrics={"NAME": fn}``: ``fn(outputs, targets) -> float`` on each test batch,
+    averaged over the examples, the column ``test_NAME`` of the rows
+    (:mod:`dana.train.evaluation`). ``algorithm`` is any name
     of ``dana algorithms``; ``momentum`` goes to it when it takes one, and ``hparams``
     (``lc=...``, ``nesterov=...``) too. ``backend="ray"``: ``address`` joins a running
     cluster (``"auto"``; default: a private local Ray for this call), ``servers`` splits
@@ -255,12 +317,13 @@ def fit(
     cluster's GPUs, while the servers stay on the CPU). ``batch_workers`` and
     ``threads``: the simulator's batched and threaded gradients, as ``dana train
     --batch-workers`` and ``--threads``. ``out``: write the run directory there (as
-    ``dana train --out`` does), else into a temporary one, removed at the end.
-    ``mlflow``: also track the run there, as ``dana train --mlflow`` does, as an MLflow
-    run named ``run_name`` (default: the run directory's name) with ``tags`` besides
-    ``dana.run_dir``; ``tensorboard``: also write TensorBoard logs into that directory.
-    With ``out``, a failed fit leaves nothing there, and ``out`` must be new or empty
-    (as ``dana train --out``): files fit did not write are never overwritten. ``cluster``
+    ``dana train --out`` does, the final model as its ``model.safetensors``:
+    ``dana.load_model(out, model=make_model)``), else into a temporary one, removed at
+    the end. ``mlflow``: also track the run there, as ``dana train --mlflow`` does, as an
+    MLflow run named ``run_name`` (default: the run directory's name) with ``tags``
+    besides ``dana.run_dir``; ``tensorboard``: also write TensorBoard logs into that
+    directory. With ``out``, a failed fit leaves nothing there, and ``out`` must be new or
+    empty (as ``dana train --out``): files fit did not write are never overwritten. ``cluster``
     and ``partition`` (the simulator only): the simulated cluster and the data per
     worker, as ``dana train --cluster`` and ``--partition`` (``servers`` then splits the
     messages over the shards' links). The
@@ -311,19 +374,22 @@ def fit(
         from dana.train.tracking import import_mlflow
 
         import_mlflow()
-    train_xy = as_tensors(train, "train")
-    test_xy = train_xy if test is None else as_tensors(test, "test")
-    if batch_size > len(train_xy[0]):
+    metrics = check_metrics(metrics)
+    train_data = data_source(train, "train")
+    test_data = train_data if test is None else data_source(test, "test")
+    if not isinstance(test_data, TensorData):
+        test_data = test_data.every()
+    if batch_size > train_data.n:
         raise ConfigError(
-            f"batch_size {batch_size} is larger than the {len(train_xy[0])} training examples"
+            f"batch_size {batch_size} is larger than the {train_data.n} training examples"
         )
-    spec = UserProblemSpec(model, train_xy, test_xy, loss_fn, str(where))
+    spec = UserProblemSpec(model, train_data, loss_fn, str(where))
     if isinstance(model, nn.Module):
         instance = model
     else:
         torch.manual_seed(seed)
         instance = model()
-    problem = UserProblem(config, spec, instance)
+    problem = UserProblem(config, spec, instance, test_data, metrics)
     if out is None:
         with tempfile.TemporaryDirectory(prefix="dana-fit-") as tmp:
             return _run(config, problem, RunDir(Path(tmp) / "run"), progress, threads, tracking)
@@ -365,6 +431,7 @@ def _run_on(
     runner_cls = runner_class(config.backend)
     runner_cls.check(config, problem)
     runner: Any = runner_cls(config, run, problem, threads=threads)
+    add_columns(run, problem)
     start_run(run, config, __version__)
     if tracking.tensorboard is not None:
         run.tensorboard = tracking.tensorboard
@@ -372,7 +439,15 @@ def _run_on(
     title = f"{config.algorithm}, k={config.workers}, {config.model}"
     mlflow_run = {"run_name": tracking.run_name, "tags": tracking.tags}
     try:
-        summary = execute_run(runner, config, run, title, progress, mlflow_run=mlflow_run)
+        summary = execute_run(
+            runner,
+            config,
+            run,
+            title,
+            progress,
+            keep_model=lambda params: problem.save_model(run.path, params),
+            mlflow_run=mlflow_run,
+        )
     except DanaError as e:
         if "No module named" not in str(e):
             raise

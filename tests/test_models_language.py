@@ -137,7 +137,8 @@ def test_the_evaluation_counts_every_token(corpus):
     config = TrainConfig(dataset="text", data_dir=str(corpus), model=SMALL, batch_size=8)
     problem = Problem(config)
     ds = problem.dataset
-    loss, error = problem.evaluate(problem.initial_params())
+    found = problem.evaluate(problem.initial_params())
+    loss, error = found["loss"], found["error"]
     module = problem.flat.module.eval()
     with torch.no_grad():
         out = module(ds.test_x)

@@ -12,7 +12,7 @@ import dana
 from dana.cli import main
 from dana.errors import DanaError
 from dana.train.config import TrainConfig
-from dana.train.flat import evaluate_module
+from dana.train.evaluation import evaluate_module
 from dana.train.problem import Problem
 from dana.train.rundir import RunDir
 from dana.train.training import stop_points, train
@@ -122,3 +122,42 @@ def test_a_ray_run_keeps_its_last_evaluated_model(tmp_path):
     assert found["loss"] == summary["final_test_loss"]
     assert found["error"] == summary["final_test_error"]
     assert RunDir(out).checkpoint.is_file()
+
+
+def test_fit_keeps_its_final_model_in_the_run_directory_and_in_mlflow(tmp_path):
+    pytest.importorskip("mlflow", reason="MLflow not installed: pip install mlflow-skinny")
+    from mlflow.tracking import MlflowClient
+
+    from dana.train.tracking import tracking_uri
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 6, generator=g)
+    y = (x[:, 0] > 0).long()
+
+    def make() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8),
+                                   torch.nn.ReLU(), torch.nn.Linear(8, 2))  # fmt: skip
+
+    store, out = tmp_path / "mlruns", tmp_path / "run"
+
+    def hits(out: torch.Tensor, y: torch.Tensor) -> float:
+        return (out.argmax(1) == y).double().mean().item()
+
+    result = dana.fit(make, (x, y), workers=2, lr=0.05, epochs=1, batch_size=16,
+                      out=out, mlflow=str(store), metrics={"hits": hits})  # fmt: skip
+    last = result.model.state_dict()  # the run's last parameters and buffers
+    kept = dana.load_model(out, model=make)
+    client = MlflowClient(tracking_uri=tracking_uri(str(store)))
+    run_id = json.loads((out / "mlflow_run.json").read_text())["run_id"]
+    # the metric hook's column reaches the tracker with the others
+    history = client.get_metric_history(run_id, "test_hits")
+    assert [m.value for m in history] == [r["test_hits"] for r in result.metrics]
+    artifact = client.download_artifacts(run_id, "model.safetensors", str(tmp_path))
+    tracked = dana.load_model(artifact, model=make)
+    for model in (kept, tracked):
+        for name, value in model.state_dict().items():
+            assert torch.equal(value, last[name]), name
+    found = evaluate_module(kept, x, y, torch.nn.functional.cross_entropy)
+    assert found["loss"] == pytest.approx(result.summary["final_test_loss"], rel=1e-6)
+    with pytest.raises(DanaError, match="pass model= your factory"):
+        dana.load_model(out)  # a model of the user's: built by the user's factory

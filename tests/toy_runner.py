@@ -93,11 +93,11 @@ class ToyRun:
                 self.one_step()
             if point in evals:
                 with torch.no_grad():
-                    test_loss, test_error = self.problem.evaluate(self.master.params())
+                    test = self.problem.evaluate(self.master.params())
                 wall = time.perf_counter() - start
                 log = self._log.numpy(logged)
                 logged = len(self._log)
-                self.rows.append(metrics_row(self.position(), wall, log, test_loss, test_error))
+                self.rows.append(metrics_row(self.position(), wall, log, test))
                 self.run.write_metrics(self.rows)
         return summarize(self.config, self.rows, self._log.numpy(), None,
                          time.perf_counter() - start, self.position())  # fmt: skip

@@ -82,8 +82,8 @@ LOSS_CLIP_FACTOR = 1.5
 def loss_ceiling(results: Results) -> float:
     """Where a loss plot's y axis ends: :data:`LOSS_CLIP_FACTOR` times the largest finite
     test loss of a first row (at the start) of any run; inf where there is none, or
-    where the report compares the test error."""
-    if results.metric.is_error:
+    where the report compares something else than the test loss."""
+    if results.metric.key != "test_loss":
         return math.inf
     starts = [
         r.metrics[0][results.metric.key]

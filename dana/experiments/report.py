@@ -18,6 +18,8 @@ from dana.atomic import write_text_atomic
 from dana.errors import DanaError
 from dana.experiments import plots
 from dana.experiments.glance import glance_rule, glance_sentences, glance_table
+from dana.experiments.measured import measured_columns
+from dana.experiments.measured import view as measured_view
 from dana.experiments.ranking import (
     BIAS_RULE,
     RANKING_RULE,
@@ -168,7 +170,23 @@ def _section(
     if speedup_plot_due(results, targets):
         files.append(plots.plot_speedups(results, targets, out / f"speedup_vs_workers{suffix}.png"))
     table = error_table(results)
-    return _body(results, table, targets, level, suffix), files, table, targets
+    body = _body(results, table, targets, level, suffix)
+    for column in measured_columns(results):
+        more = measured_view(results, column)
+        name = f"{column}_curves{suffix}.png"
+        files.append(plots.plot_error_curves(more, out / name))
+        body += [
+            f"{'#' * level} Final {more.metric.name}",
+            "",
+            f"Measured at each evaluation by the run's metric hook (`{column}` in "
+            "metrics.csv): its final value, mean ± standard deviation over seeds.",
+            "",
+            error_table(more),
+            "",
+            f"![{more.metric.name} vs epochs]({name})",
+            "",
+        ]
+    return body, files, table, targets
 
 
 def _slug(label: str) -> str:

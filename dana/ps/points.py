@@ -136,7 +136,7 @@ class Points:
             self.problem.flat.load_buffers_state(
                 {k: torch.from_numpy(np.array(v)) for k, v in self.buffers.items()}
             )
-        test_loss, test_error = self.problem.evaluate(params)
+        test = self.problem.evaluate(params)
         self.final_params = params  # the last evaluated: the end of the run
         log = self.merger.log.numpy(self.logged, head["pushes"])
         self.logged = head["pushes"]
@@ -147,7 +147,7 @@ class Points:
             head["time"],
             head["lr"],
         )
-        row = metrics_row(at, self.wall(), log, test_loss, test_error)
+        row = metrics_row(at, self.wall(), log, test)
         self.sim_time = head["time"]
         self.rows.append(row)
         return row

@@ -151,7 +151,7 @@ class Worker:
     def _start(self, incarnation: int) -> None:
         cfg = self.config
         seed = int(np.random.SeedSequence([cfg.seed, self.index, incarnation]).generate_state(1)[0])
-        self.stream = self.problem.batches(seed)
+        self.stream = self.problem.batches(seed, worker=self.index)
         if cfg.time_scale > 0:
             self.delay = StepDelay(cfg, self.index, incarnation)
 

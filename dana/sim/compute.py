@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dana.train import inputs as I
 from dana.train.stacked import (
     GradientSource,
     Replica,
@@ -163,7 +164,7 @@ class BatchedEngine(Engine):
 
     def _compute(self, points, batches):
         inputs = [self.source.inputs(b) for b in batches]
-        x = torch.stack([xy[0] for xy in inputs])
+        x = I.stack([xy[0] for xy in inputs])
         y = torch.stack([xy[1] for xy in inputs])
         grads, losses, running = self.stacked(torch.stack(points), x, y)
         return [
@@ -288,7 +289,7 @@ def auto_batch_workers(
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
-    stacked(p, torch.stack([x, x]), torch.stack([y, y]))
+    stacked(p, I.stack([x, x]), torch.stack([y, y]))
     torch.cuda.synchronize(device)
     per_worker = max(1, (torch.cuda.max_memory_allocated(device) - base) // 2)
     free, _ = torch.cuda.mem_get_info(device)

@@ -148,8 +148,7 @@ class SimRun:
     def evaluate(self, wall: float) -> dict[str, float]:
         log = self.sim.log.numpy(self.logged)
         self.logged = len(self.sim.log)
-        test_loss, test_error = self.problem.evaluate(self.sim.params())
-        row = metrics_row(self.position(), wall, log, test_loss, test_error)
+        row = metrics_row(self.position(), wall, log, self.problem.evaluate(self.sim.params()))
         self.rows.append(row)
         return row
 

@@ -25,6 +25,7 @@ from torch.utils.data import default_collate
 from dana import algorithms
 from dana.errors import ArgumentTypeError, ConfigError
 from dana.train.config import PYTHON_NAMES, TrainConfig
+from dana.train.reading import check_finite
 
 #: The entries' names for the TrainConfig fields they name otherwise.
 FIELDS = {python: field for field, python in PYTHON_NAMES.items()}
@@ -135,16 +136,8 @@ def as_tensors(data: Any, what: str) -> tuple[Tensor, Tensor]:
         )
     if len(x) == 0:
         raise ConfigError(f"{what}: no examples")
-    for name, t in (("x", x), ("y", y)):
-        if t.is_floating_point() or t.is_complex():
-            bad = int((~torch.isfinite(t)).sum())
-            if bad:
-                rows = int((~torch.isfinite(t)).reshape(len(t), -1).any(1).sum())
-                raise ConfigError(
-                    f"{what}: {name} holds {bad:,} NaN or infinite values (in {rows:,} of "
-                    f"{len(t):,} rows), which would train on NaN: drop those rows or fill "
-                    "them (torch.nan_to_num)"
-                )
+    check_finite(x, f"{what}: x")
+    check_finite(y, f"{what}: y")
     return x, y
 
 

@@ -16,13 +16,15 @@ stay in the module and are shared by every forward pass.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
 
-LossFn = Callable[[Tensor, Tensor], Tensor]
+from dana.train import inputs as I
+from dana.train.evaluation import LossFn, MetricFn, evaluate_module
+
+__all__ = ["FlatModel", "LossFn", "evaluate_module"]
 
 
 class FlatModel:
@@ -50,9 +52,10 @@ class FlatModel:
         self.flat.copy_(params)
 
     def gradient(
-        self, params: Tensor, x: Tensor, y: Tensor, loss_fn: LossFn
+        self, params: Tensor, x: I.Inputs, y: Tensor, loss_fn: LossFn
     ) -> tuple[Tensor, float]:
-        """The gradient of ``loss_fn(model(x), y)`` at ``params``, and the loss.
+        """The gradient of ``loss_fn(model(x), y)`` at ``params``, and the loss (``x``
+        any input of :mod:`dana.train.inputs`).
 
         The module computes at ``params`` itself (its parameters become views of it;
         leave ``params`` unchanged until this returns). The returned tensor is this
@@ -63,7 +66,7 @@ class FlatModel:
             self.module.train()
         for p in self._params:
             p.grad = None  # backward then stores fresh gradients instead of adding
-        loss = loss_fn(self.module(x), y)
+        loss = loss_fn(I.call(self.module, x), y)
         loss.backward()
         grads = [p.grad for p in self._params]
         if any(g is None for g in grads):  # a parameter the loss does not depend on
@@ -71,14 +74,26 @@ class FlatModel:
         torch.cat([g.reshape(-1) for g in grads], out=self.grad)
         return self.grad, loss.item()
 
-    @torch.no_grad()
     def evaluate(
-        self, params: Tensor, x: Tensor, y: Tensor, loss_fn: LossFn, batch_size: int = 1000
+        self, params: Tensor, x: I.Inputs, y: Tensor, loss_fn: LossFn, batch_size: int = 1000
     ) -> tuple[float, float]:
-        """Mean loss and error rate of ``params`` on ``(x, y)`` (:func:`evaluate_module`)."""
-        self._point_at(params)
-        found = evaluate_module(self.module, x, y, loss_fn, batch_size)
+        """Mean loss and error rate of ``params`` on ``(x, y)`` (:meth:`measure`)."""
+        found = self.measure(params, x, y, loss_fn, batch_size)
         return found["loss"], found["error"]
+
+    def measure(
+        self,
+        params: Tensor,
+        x: I.Inputs,
+        y: Tensor,
+        loss_fn: LossFn,
+        batch_size: int = 1000,
+        metrics: Mapping[str, MetricFn] | None = None,
+    ) -> dict[str, float]:
+        """Loss, error rate and ``metrics`` of ``params`` on ``(x, y)``
+        (:func:`dana.train.evaluation.evaluate_module`, the rule of every evaluation)."""
+        self._point_at(params)
+        return evaluate_module(self.module, x, y, loss_fn, batch_size, metrics)
 
     def _point_at(self, params: Tensor) -> None:
         """Make the module's parameters views of ``params`` (a copy into :attr:`flat`
@@ -105,37 +120,3 @@ class FlatModel:
         buffers = dict(self.module.named_buffers())
         for k, v in state.items():
             buffers[k].copy_(v)
-
-
-@torch.no_grad()
-def evaluate_module(
-    module: nn.Module, x: Tensor, y: Tensor, loss_fn: LossFn, batch_size: int = 1000
-) -> dict[str, float]:
-    """``{"loss": ..., "error": ...}`` of ``module`` (in eval mode) on ``(x, y)``.
-
-    ``loss``: the mean of ``loss_fn`` over every target, each batch's mean weighted by
-    its number of targets (``y.numel()``: the examples of a classifier, the tokens of a
-    language model's ``N x T`` targets). ``error``: the fraction of targets whose
-    ``argmax`` over the output's last dimension is wrong, when the targets are integer
-    classes and the outputs have one more dimension than them (``N x C`` for ``N``,
-    ``N x T x V`` for ``N x T``: the next-token error); NaN otherwise (a regression).
-    The evaluation of every run: a metric is one more entry of this dictionary.
-    Batches of ``batch_size`` examples, fewer for long sequences (at most that many
-    targets per batch times 16).
-    """
-    module.eval()
-    per_example = max(1, y[:1].numel())
-    batch_size = max(1, min(batch_size, 16 * batch_size // per_example))
-    total, count, wrong = 0.0, 0, 0
-    classes = not y.is_floating_point()
-    for start in range(0, len(x), batch_size):
-        out = module(x[start : start + batch_size])
-        target = y[start : start + batch_size]
-        n = target.numel()
-        total += loss_fn(out, target).item() * n
-        count += n
-        if classes and out.dim() == target.dim() + 1 and out.shape[:-1] == target.shape:
-            wrong += (out.argmax(-1) != target).sum().item()
-        else:
-            classes = False
-    return {"loss": total / count, "error": wrong / count if classes else math.nan}

@@ -11,12 +11,15 @@ push log and where the run ended.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from dana.train.config import TrainConfig
+from dana.train.evaluation import metric_column
+from dana.train.rundir import METRICS_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -41,22 +44,27 @@ def metrics_row(
     at: Position,
     wall_seconds: float,
     log: dict[str, np.ndarray],
-    test_loss: float,
-    test_error: float,
+    test: Mapping[str, float],
 ) -> dict[str, float]:
-    """The row of an evaluation at ``at``; ``log``: the pushes since the previous row."""
-    return {
+    """The row of an evaluation at ``at``; ``log``: the pushes since the previous row;
+    ``test``: the evaluation (:func:`dana.train.evaluation.evaluate_module`: ``loss``,
+    ``error`` and each metric ``NAME``, whose column is ``test_NAME``)."""
+    row = {
         "epoch": at.epoch,
         "updates": at.updates,
         "sim_time": at.sim_time,
         "wall_seconds": wall_seconds,
         "lr": at.lr,
         "train_loss": mean(log["loss"]),
-        "test_loss": test_loss,
-        "test_error": test_error,
+        "test_loss": test["loss"],
+        "test_error": test["error"],
         "mean_gap": mean(log["gap"]),
         "mean_staleness": mean(log["staleness"]),
     }
+    for name, value in test.items():
+        if name not in ("loss", "error"):
+            row[metric_column(name)] = value
+    return row
 
 
 def divergence_row(
@@ -64,7 +72,7 @@ def divergence_row(
 ) -> dict[str, float]:
     """The row that marks a divergence at ``at``: no losses, the gap and staleness of
     the pushes since the previous row."""
-    row = metrics_row(at, wall_seconds, log, math.nan, math.nan)
+    row = metrics_row(at, wall_seconds, log, {"loss": math.nan, "error": math.nan})
     row["train_loss"] = math.nan
     return row
 
@@ -86,10 +94,10 @@ def summarize(
     errors = [r["test_error"] for r in rows if math.isfinite(r["test_error"])]
     losses = [r["test_loss"] for r in rows if math.isfinite(r["test_loss"])]
     last = rows[-1]
-    # A language model's perplexity (a derived column of its rows: RunDir.derived).
-    perplexity = (
-        {"final_test_perplexity": last["test_perplexity"]} if "test_perplexity" in last else {}
-    )
+    # The columns beyond dana's own (a language model's perplexity, a metric hook's):
+    # their final values (NaN after a divergence).
+    more = [k for r in rows for k in r if k not in METRICS_COLUMNS]
+    finals = {f"final_{k}": last.get(k, math.nan) for k in dict.fromkeys(more)}
     staleness = log["staleness"]
     return {
         "algorithm": config.algorithm,
@@ -101,7 +109,7 @@ def summarize(
         "best_test_error": min(errors) if errors else math.nan,
         "final_test_loss": last["test_loss"],
         "best_test_loss": min(losses) if losses else math.nan,
-        **perplexity,
+        **finals,
         "final_train_loss": last["train_loss"],
         "diverged": diverged_at is not None,
         "diverged_at_update": diverged_at,

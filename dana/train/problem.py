@@ -14,7 +14,6 @@ next-token error, and ``metrics.csv`` also gets the test perplexity
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from dana.models import build_language_model, build_model, context_length, is_la
 from dana.train.batches import BatchStream, WorkerBatches, batches_for
 from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
+from dana.train.evaluation import perplexity
 from dana.train.flat import FlatModel
 from dana.train.resources import build_within_memory
 from dana.train.stacked import GradientSource
@@ -36,14 +36,6 @@ def token_cross_entropy(out: Tensor, target: Tensor) -> Tensor:
     """The mean cross-entropy over every target: ``out`` ``... x V`` logits, ``target``
     the classes ``...`` (a language model's ``N x T x V`` and ``N x T``)."""
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
-
-
-def perplexity(row: dict[str, float]) -> float:
-    """``exp(test_loss)``: the test perplexity of a language model's metrics row."""
-    loss = row["test_loss"]
-    if math.isnan(loss):
-        return math.nan
-    return math.exp(loss) if loss < 709.0 else math.inf  # (exp overflows past 709.78)
 
 
 class Problem:
@@ -67,6 +59,9 @@ class Problem:
         self.loss_fn = token_cross_entropy if ds.kind == "tokens" else F.cross_entropy
         #: Columns of metrics.csv computed from each row (a language model's perplexity).
         self.derived = {"test_perplexity": perplexity} if ds.kind == "tokens" else {}
+        #: Columns of metrics.csv measured at each evaluation beyond the loss and the
+        #: error (a ``dana.fit`` metric hook's; none here).
+        self.measured: tuple[str, ...] = ()
         if config.batch_size > ds.train_size:
             from dana.errors import ConfigError
 
@@ -95,8 +90,9 @@ class Problem:
                 t = t.to(dtype)
             setattr(ds, name, t.to(self.device))
 
-    def batches(self, seed: int) -> BatchStream | WorkerBatches:
-        """The stream of training batches seeded ``seed``: with augmentation, a
+    def batches(self, seed: int, worker: int | None = None) -> BatchStream | WorkerBatches:
+        """The stream of training batches seeded ``seed`` (``worker``: a Ray worker's
+        own stream; the same here, its seed says whose): with augmentation, a
         :class:`~dana.train.batches.KeyedBatchStream`, whose keys seed each batch's
         augmentation draws; with ``--partition`` other than ``iid``, one stream per
         worker over its part (:class:`~dana.train.batches.WorkerBatches`)."""
@@ -135,11 +131,11 @@ class Problem:
         :meth:`inputs`)."""
         return self.flat.gradient(params, *self.inputs(batch), self.loss_fn)
 
-    def evaluate(self, params: Tensor) -> tuple[float, float]:
-        """(test loss, test error) at ``params`` (the error of a language model: the
-        next-token error)."""
+    def evaluate(self, params: Tensor) -> dict[str, float]:
+        """``{"loss", "error"}`` on the test set at ``params`` (the error of a language
+        model: the next-token error; :mod:`dana.train.evaluation`)."""
         ds = self.dataset
-        return self.flat.evaluate(params, ds.test_x, ds.test_y, self.loss_fn)
+        return self.flat.measure(params, ds.test_x, ds.test_y, self.loss_fn)
 
     def model_info(self) -> dict[str, Any]:
         """How to build this problem's model again (the model file's metadata)."""

@@ -2,10 +2,11 @@
 
 - ``config.json``: the :class:`~dana.train.config.TrainConfig` and the package version;
   ``dana train --config config.json`` reruns the run.
-- ``metrics.csv``: one row per evaluation (:data:`METRICS_COLUMNS`, then the problem's
-  derived columns, :attr:`RunDir.derived`: a language model's ``test_perplexity``).
+- ``metrics.csv``: one row per evaluation (:data:`METRICS_COLUMNS`, then the columns
+  of a metric hook, :attr:`RunDir.measured`, then the problem's derived columns,
+  :attr:`RunDir.derived`: a language model's ``test_perplexity``).
 - ``summary.json``: the final figures (see :func:`dana.train.metrics.summarize`).
-- ``curves.png``: test error and mean gap against epochs.
+- ``curves.png``: test error (or loss), each measured metric and mean gap against epochs.
 - ``model.safetensors``: the final model (:mod:`dana.train.modelfile`).
 - ``checkpoint.pt``: the whole state, for ``--resume`` (tensors and plain values only,
   loaded with ``torch.load(weights_only=True)``: no arbitrary unpickling).
@@ -104,11 +105,14 @@ class RunDir:
         #: (the problem's: ``test_perplexity`` of a language model), after
         #: :data:`METRICS_COLUMNS`.
         self.derived: dict[str, Callable[[dict[str, float]], float]] = {}
+        #: Columns measured at each evaluation beyond the loss and the error (a
+        #: ``dana.fit`` metric hook's, ``test_NAME``), after :data:`METRICS_COLUMNS`.
+        self.measured: tuple[str, ...] = ()
 
     @property
     def columns(self) -> tuple[str, ...]:
         """The columns of this run's ``metrics.csv``."""
-        return METRICS_COLUMNS + tuple(self.derived)
+        return METRICS_COLUMNS + self.measured + tuple(self.derived)
 
     def complete(self, row: dict[str, float]) -> dict[str, float]:
         """Add the derived columns to ``row`` (in place, once) and return it."""
@@ -249,7 +253,7 @@ class RunDir:
         writer.writeheader()
         for row in rows:
             self.complete(row)
-            writer.writerow({k: _fmt(row[k]) for k in columns})
+            writer.writerow({k: _fmt(row.get(k, math.nan)) for k in columns})
         write_text_atomic(self.metrics, buf.getvalue())
 
     def read_metrics(self) -> list[dict[str, float]]:
@@ -283,7 +287,7 @@ class RunDir:
             return
         step = int(row["updates"])
         for key in self.columns:
-            if key not in ("updates",) and math.isfinite(row[key]):
+            if key not in ("updates",) and math.isfinite(row.get(key, math.nan)):
                 self._writer.add_scalar(key, row[key], step)
         self._writer.flush()
 
@@ -354,8 +358,8 @@ class RunDir:
 
     def write_plot(self, rows: list[dict[str, float]], title: str) -> None:
         """``curves.png``: the test error (where there is none, or for a language model,
-        the test loss, and the perplexity where the rows have it) and the mean gap,
-        against epochs."""
+        the test loss, and the perplexity where the rows have it), each measured metric
+        (:attr:`measured`) and the mean gap, against epochs."""
         from dana.figures import subplots
 
         epochs = [r["epoch"] for r in rows]
@@ -368,6 +372,9 @@ class RunDir:
         if "test_perplexity" in rows[0]:
             values = [r["test_perplexity"] for r in rows]
             panels.append((values, "test perplexity (log scale)", "test perplexity"))
+        for key in self.measured:
+            name = key.replace("_", " ")
+            panels.append(([r.get(key, math.nan) for r in rows], name, name))
         panels.append(([r["mean_gap"] for r in rows], "mean gap RMS(theta - p_i)", "gap"))
         fig, axes = subplots(1, len(panels), figsize=(5 * len(panels), 4))
         for i, (ax, (values, label, name)) in enumerate(zip(axes, panels)):

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dana.train import inputs as I
 from dana.train.flat import FlatModel, LossFn
 
 #: ``inputs(batch) -> (x, y)``: the examples of a batch, on the model's device.
@@ -114,16 +115,17 @@ class StackedGradient:
         if len(names) != len(shapes):
             raise ValueError("the model's parameters do not match its flat vector")
 
-        def loss(p: Tensor, running: Running, fixed: Running, x: Tensor, y: Tensor):
+        def loss(p: Tensor, running: Running, fixed: Running, x: I.Inputs, y: Tensor):
             views = torch.split(p, sizes)
             params = {n: v.view(s) for n, v, s in zip(names, views, shapes)}
-            out = functional_call(module, (params, {**fixed, **running}), (x,))
+            args, kwargs = I.call_args(x)
+            out = functional_call(module, (params, {**fixed, **running}), args, kwargs)
             value = self.loss_fn(out, y)
             return value, (value.detach(), running)
 
         self._call = vmap(grad_and_value(loss, has_aux=True), in_dims=(0, 0, None, 0, 0))
 
-    def __call__(self, params: Tensor, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Running]:
+    def __call__(self, params: Tensor, x: I.Inputs, y: Tensor) -> tuple[Tensor, Tensor, Running]:
         module = self.module
         if not module.training:
             module.train()

@@ -100,7 +100,7 @@ def train(
     runner_cls = runner_class(config.backend)
     runner_cls.check(config, problem)
     run.settings = json.dumps(config.to_dict(), sort_keys=True)
-    run.derived = dict(problem.derived)
+    add_columns(run, problem)
     state = None
     if resume:
         run.remove_temporaries()
@@ -128,6 +128,13 @@ def train(
             keep_model=lambda p: problem.save_model(run.path, p),
         )
     return summary
+
+
+def add_columns(run: RunDir, problem: Any) -> None:
+    """The run's ``metrics.csv`` columns beyond dana's own: the problem's measured ones
+    (a metric hook's) and derived ones (a language model's perplexity)."""
+    run.measured = tuple(getattr(problem, "measured", ()))
+    run.derived = dict(getattr(problem, "derived", {}))
 
 
 def start_run(run: RunDir, config: TrainConfig, version: str) -> None:
