@@ -175,6 +175,9 @@ def test_a_dataset_reads_the_same_batches_on_the_simulator_and_on_ray(local_ray,
         for backend in ("sim", "ray"):
             torch.manual_seed(0)
             results[backend] = dana.fit(TwoInputs(), Noisy(), test, backend=backend, **run)
+        # an IterableDataset: each Ray worker iterates its own copy, shipped unstarted
+        torch.manual_seed(0)
+        stream = dana.fit(TwoInputs(), Stream(), ((a, b), y), backend="ray", **RUN)
     finally:
         ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     sim, on_ray = (results[k].log.numpy()["loss"] for k in ("sim", "ray"))
@@ -182,6 +185,7 @@ def test_a_dataset_reads_the_same_batches_on_the_simulator_and_on_ray(local_ray,
     np.testing.assert_allclose(on_ray, sim, rtol=1e-5)
     for r, s in zip(results["ray"].metrics, results["sim"].metrics):
         assert r["test_loss"] == pytest.approx(s["test_loss"], rel=1e-5)
+    assert stream.summary["pushes"] == 2 * 256 // 16 and learned(stream)
     # the draws differ across epochs: the same parameters on two epochs' batches
     data = MapData(Noisy(), "train")
     rows = torch.arange(256)
