@@ -108,6 +108,7 @@ class Worker:
         self.has_buffers = any(True for _ in self.problem.flat.module.buffers())
         self.stream: BatchStream | None = None  # created when this process first joins
         self.delay: StepDelay | None = None
+        self.clock_zero = time.time()  # model time 0 of an emulated cluster (run())
         self.seq = 0  # the sequence number of this worker's last push
         self.lr = 0.0  # the rate of the next step, as the servers last told it
 
@@ -116,12 +117,17 @@ class Worker:
 
         return node_of()
 
-    def run(self, round_index: int | None = None) -> dict[str, int]:
+    def run(
+        self, round_index: int | None = None, clock_zero: float | None = None
+    ) -> dict[str, int]:
         """Steps until the servers say stop (``round_index=None``), or one ``ssgd`` round.
+        ``clock_zero``: the servers' start of training (an emulated cluster's time 0).
 
         Returns counts of the pushes sent and of the servers' replies (shard 0's), and
         ``seq``: the sequence number of this worker's last push.
         """
+        if clock_zero is not None:
+            self.clock_zero = clock_zero
         counts: Counter[str] = Counter()
         params = self._pull(counts)
         if round_index is not None:
@@ -158,7 +164,8 @@ class Worker:
     def _step(self, params: Tensor, counts: Counter[str], exchange: bool) -> Tensor | None:
         """One gradient computation and its push; the next parameters (None: stop)."""
         started = time.perf_counter()
-        grad, loss = self.worker_step.gradient(0, params.to(self.device), self.stream.next())
+        batch = self.stream.next()
+        grad, loss = self.worker_step.gradient(0, params.to(self.device), batch)
         message = self.worker_step.message(0, grad, self.lr)
         offset = self.rule.theta_offset(1.0) if self.sends_offset and message is not None else None
         if self.device.type != "cpu":
@@ -213,4 +220,5 @@ _REPLY = {
     Status.DUPLICATE: "duplicate",
     Status.LOCAL: "local",
     Status.STOP: "stopped",
+    Status.GONE: "gone",
 }

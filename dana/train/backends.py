@@ -31,7 +31,9 @@ class Backend:
     - ``cluster_model``: its clock carries a simulated cluster (``--cluster``: the
       network, drift, departures; dana.train.cluster);
     - ``partitions``: its workers draw from their own parts of the data
-      (``--partition``; dana.train.partition)."""
+      (``--partition``; dana.train.partition);
+    - ``elastic``: workers can be added to a running run (``--max-workers``,
+      ``--grow-at``; dana.train.members)."""
 
     module: str
     cls: str
@@ -41,6 +43,7 @@ class Backend:
     wall_clock: bool = False
     cluster_model: bool = False
     partitions: bool = False
+    elastic: bool = False
 
 
 #: The runners, by ``--backend`` name (:func:`register` adds one).
@@ -54,6 +57,7 @@ RUNNERS: dict[str, Backend] = {
         needs="ray",
         install="pip install 'ray>=2.9'",
         wall_clock=True,
+        elastic=True,
     ),
 }
 

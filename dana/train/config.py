@@ -31,6 +31,7 @@ from dana.errors import ConfigError
 from dana.train.backends import check_name
 from dana.train.cluster import check_workers as check_cluster_workers
 from dana.train.cluster import resolve_cluster, timing_of
+from dana.train.members import check_members
 from dana.train.partition import parse_partition
 from dana.train.timing import TIMING_MODELS
 
@@ -88,6 +89,10 @@ class TrainConfig:
     servers: int = 1
     standby: bool = True
     time_scale: float = 0.0
+    # Elastic membership (dana.train.members): the most workers the run may hold (its
+    # rules' size; None: workers) and when it grows ("STEP:N,...").
+    max_workers: int | None = None
+    grow_at: str | None = None
     device: str = "cpu"
     batch_workers: int | str = 1
 
@@ -208,7 +213,8 @@ class TrainConfig:
                 f"into shards; use {flag('servers')} 1"
             )
         _check_algorithm_params(self.algorithm, self.algorithm_params)
-        self._check_cluster(backend.cluster_model)
+        self._check_cluster(backend)
+        check_members(self, backend.elastic, self._flag)
         kind, _ = parse_partition(self.partition)
         if kind != "iid" and not backend.partitions:
             raise ConfigError(
@@ -230,7 +236,7 @@ class TrainConfig:
             )
         return self
 
-    def _check_cluster(self, simulated: bool) -> None:
+    def _check_cluster(self, backend: Any) -> None:
         """Resolve ``cluster`` (a preset name or a file) into the model it names, check
         it, and set ``timing`` and ``timing_params`` to its compute model's (a cluster
         without one takes them: dana.train.cluster.resolve_cluster)."""
@@ -240,7 +246,7 @@ class TrainConfig:
         self.cluster = resolve_cluster(self.cluster, self.timing, self.timing_params, given)
         self.timing, self.timing_params = timing_of(self.cluster)
         check_cluster_workers(self.cluster, self.workers)
-        if not simulated:
+        if not backend.cluster_model:
             raise ConfigError(
                 f"{self._flag('cluster')} {self.cluster['name']}: a cluster model is "
                 f"simulated ({self._flag('backend')} sim); {self._flag('backend')} "
@@ -424,6 +430,8 @@ SCHEMA: dict[str, Rule] = {
     "servers": Rule(int, low=1),
     "standby": Rule(bool),
     "time_scale": Rule(float, low=0),
+    "max_workers": Rule(int, low=1, optional=True),
+    "grow_at": Rule(str, optional=True),
     "device": Rule(str, choices=DEVICES),
     "batch_workers": Rule(int, low=1, choices=("auto",)),
 }

@@ -208,6 +208,20 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
         "duration times this many seconds (0.001: the model's numbers are ms; 0: no delay)",
     ),
     (
+        "--max-workers",
+        "max_workers",
+        int,
+        "with --backend ray: the most workers the run may hold (the rules are sized for "
+        "them; default --workers); more are added with --grow-at or RUN/add-workers",
+    ),
+    (
+        "--grow-at",
+        "grow_at",
+        str,
+        "with --backend ray: add workers while the run goes on, STEP:N[,STEP:N...] (N "
+        "workers once the run has taken STEP steps)",
+    ),
+    (
         "--augment",
         "augment",
         None,
