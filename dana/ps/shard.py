@@ -245,9 +245,12 @@ class ShardServer:
     def member(self, worker: int, join: bool) -> Status:
         """Worker ``worker`` joins the run (``master.join``) or leaves it
         (``master.leave`` at the rate a push would have now: a move of the parameters
-        is an update). ``"duplicate"`` if it already was in (out of) the run."""
+        is an update). ``"duplicate"`` if it already was in (out of) the run, ``"stop"``
+        once the run is over (nothing changes then)."""
         self.counts.calls += 1
         records = self.records
+        if self.stopped:  # (the head relays only what it applied: a receiver never is)
+            return Status.STOP
         if records.live[worker] == join:
             return Status.DUPLICATE
         records.live[worker] = join

@@ -32,6 +32,9 @@ class Backend:
       network, drift, departures; dana.train.cluster);
     - ``partitions``: its workers draw from their own parts of the data
       (``--partition``; dana.train.partition);
+    - ``emulates_cluster``: it runs a cluster model in real time with ``--time-scale S >
+      0`` (each worker sleeps its modelled compute and transfer times and leaves and
+      returns at the model's times);
     - ``elastic``: workers can be added to a running run (``--max-workers``,
       ``--grow-at``; dana.train.members)."""
 
@@ -43,6 +46,7 @@ class Backend:
     wall_clock: bool = False
     cluster_model: bool = False
     partitions: bool = False
+    emulates_cluster: bool = False
     elastic: bool = False
 
 
@@ -57,6 +61,7 @@ RUNNERS: dict[str, Backend] = {
         needs="ray",
         install="pip install 'ray>=2.9'",
         wall_clock=True,
+        emulates_cluster=True,
         elastic=True,
     ),
 }

@@ -246,13 +246,21 @@ class TrainConfig:
         self.cluster = resolve_cluster(self.cluster, self.timing, self.timing_params, given)
         self.timing, self.timing_params = timing_of(self.cluster)
         check_cluster_workers(self.cluster, self.workers)
-        if not backend.cluster_model:
+        if backend.cluster_model or (backend.emulates_cluster and self.time_scale > 0):
+            return
+        if backend.emulates_cluster:
             raise ConfigError(
-                f"{self._flag('cluster')} {self.cluster['name']}: a cluster model is "
-                f"simulated ({self._flag('backend')} sim); {self._flag('backend')} "
-                f"{self.backend} runs on a cluster of its own (emulate step times with "
-                f"{self._flag('timing')} and {self._flag('time_scale')})"
+                f"{self._flag('cluster')} {self.cluster['name']}: {self._flag('backend')} "
+                f"{self.backend} emulates a cluster model in real time: pass "
+                f"{self._flag('time_scale')} S > 0 (the seconds one model millisecond lasts, "
+                "e.g. 0.001)"
             )
+        raise ConfigError(
+            f"{self._flag('cluster')} {self.cluster['name']}: a cluster model is "
+            f"simulated ({self._flag('backend')} sim); {self._flag('backend')} "
+            f"{self.backend} runs on a cluster of its own (emulate step times with "
+            f"{self._flag('timing')} and {self._flag('time_scale')})"
+        )
 
     def _flag(self, name: str) -> str:
         """How the caller of :meth:`validate` names option ``name``."""

@@ -205,7 +205,8 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
         "time_scale",
         float,
         "with --backend ray: emulate the --timing model, padding each step to its "
-        "duration times this many seconds (0.001: the model's numbers are ms; 0: no delay)",
+        "duration times this many seconds (0.001: the model's numbers are ms; 0: no delay); "
+        "with --cluster, the cluster model's compute, transfers and departures",
     ),
     (
         "--max-workers",
