@@ -1,6 +1,6 @@
 """Elastic membership on the Ray runtime (dana.ps.membership): workers that leave for good
 and workers added while the run goes on, told to the master rule through one relayed,
-logged call (``relay_member``).
+logged call (``relay_member``); and a cluster model emulated on Ray (dana.ps.emulation).
 
 Units without Ray drive a head, its standby and a second shard by hand; the runs use the
 session's local Ray (conftest's ``local_ray``) on the machine's 2 CPUs.
@@ -140,6 +140,8 @@ def test_growth_is_checked():
         TrainConfig(**base, max_workers=4, grow_at="10:2").validate()
     with pytest.raises(ConfigError, match="is not STEP:N"):
         TrainConfig(**base, backend="ray", max_workers=4, grow_at="10").validate()
+    with pytest.raises(ConfigError, match="pass --time-scale S > 0"):
+        TrainConfig(**base, backend="ray", cluster="cloud").validate()
 
 
 class KillAt(Progress):
@@ -218,3 +220,26 @@ def test_a_run_grows_from_2_to_4_workers_and_shrinks_to_3(local_ray, tmp_path):
     for row in rows:  # a push comes from a live worker
         _, w, _, members = row.split(",")
         assert w in members.split()
+
+
+def test_the_driver_adds_planned_and_requested_workers_within_k_max(tmp_path, capsys):
+    """``--grow-at`` when its step is reached, ``RUN/add-workers`` when written (read
+    once, removed), never beyond ``--max-workers`` (said on stderr); a resumed run
+    starts every worker it had started and does not repeat the growth before its step."""
+    from dana.ps.membership import Membership
+
+    config = tiny(algorithm="dana-zero", workers=2, max_workers=5, grow_at="10:1,30:1")
+    members = Membership(config, tmp_path)
+    assert members.due(9) == 0 and members.due(10) == 1
+    (tmp_path / "add-workers").write_text("2\n")
+    assert members.due(11) == 2 and not (tmp_path / "add-workers").exists()
+    assert [members.next_index() for _ in range(3)] == [2, 3, 4]
+    assert members.due(30) == 0 and "room for 0" in capsys.readouterr().err
+    (tmp_path / "add-workers").write_text("many")
+    assert members.due(31) == 0 and "not a number" in capsys.readouterr().err
+    resumed = Membership(config, tmp_path)
+    resumed.resume(
+        {"live": [True, False, True, False, False], "joins": [1, 1, 1, 0, 0], "steps": 20}
+    )
+    assert resumed.started == 3 and resumed.live == {0, 2}
+    assert resumed.due(25) == 0 and resumed.due(30) == 1
