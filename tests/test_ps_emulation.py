@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from conftest import needs_ray, run_on_ray, tiny
 
+from dana.errors import ConfigError
 from dana.ps.emulation import ClusterDelay
 from dana.ps.membership import live_workers
 from dana.train.config import TrainConfig
@@ -65,10 +66,14 @@ def test_a_worker_computes_sends_and_leaves_as_modelled():
     assert (delay.away, delay.returned) == (2, 1)
 
 
-def test_the_cluster_on_ray_needs_a_time_scale():
-    with pytest.raises(Exception, match="pass --time-scale S > 0"):
-        TrainConfig(workers=2, dataset="synthetic", model="mlp", backend="ray",
-                    cluster=cluster()).validate()  # fmt: skip
+def test_the_cluster_on_ray_needs_a_time_scale_and_an_asynchronous_rule_to_leave():
+    base = dict(workers=2, dataset="synthetic", model="mlp", backend="ray")
+    with pytest.raises(ConfigError, match="pass --time-scale S > 0"):
+        TrainConfig(**base, cluster=cluster()).validate()
+    away = cluster(preemptions=[{"worker": 1, "leave_ms": 10}])
+    with pytest.raises(ConfigError, match="cannot leave and return"):
+        TrainConfig(**base, algorithm="ssgd", time_scale=0.001, cluster=away).validate()
+    TrainConfig(**base, algorithm="ssgd", time_scale=0.001, cluster=cluster()).validate()
 
 
 @pytest.mark.ray

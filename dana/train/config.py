@@ -246,7 +246,17 @@ class TrainConfig:
         self.cluster = resolve_cluster(self.cluster, self.timing, self.timing_params, given)
         self.timing, self.timing_params = timing_of(self.cluster)
         check_cluster_workers(self.cluster, self.workers)
-        if backend.cluster_model or (backend.emulates_cluster and self.time_scale > 0):
+        if backend.cluster_model:
+            return
+        if backend.emulates_cluster and self.time_scale > 0:
+            away = self.cluster["availability"]
+            if self.build_algorithm().synchronous and (away["preemptions"] or away["random"]):
+                raise ConfigError(
+                    f"{self._flag('cluster')} {self.cluster['name']}: {self.algorithm}'s "
+                    f"rounds on {self._flag('backend')} {self.backend} are driven for a "
+                    "fixed set of workers, so its workers cannot leave and return; drop the "
+                    f"cluster's availability, or simulate it ({self._flag('backend')} sim)"
+                )
             return
         if backend.emulates_cluster:
             raise ConfigError(
