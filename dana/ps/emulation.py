@@ -16,7 +16,11 @@ own, built per worker:
   is complete at the servers ``L_i + w_i`` after the computation ends (``w_i`` its
   message's bytes over the link's bandwidth), a pull is with the worker ``w_i + L_i``
   after the servers answered, the first pull request (and one after a return) takes
-  ``L_i``. The servers' shared links (``server_bandwidth_gbps``, their FIFO queues) are
+  ``L_i``. The worker sleeps to the push's modelled arrival and makes its real call
+  then; the servers' answer counts as made at that instant, and the worker sleeps to
+  its modelled arrival ``w_i + L_i`` later, so the real call's time (Ray, the relay, a
+  busy machine) is taken out of the modelled transfer, as a real step's compute is
+  taken out of its modelled duration (it adds only when it is longer). The servers' shared links (``server_bandwidth_gbps``, their FIFO queues) are
   **left out**: the workers' sleeps are independent, nothing here queues them;
 - **departures** (:class:`~dana.train.availability.Availability`, its per-worker
   generators): a worker whose departure falls before its push is complete loses that
@@ -77,6 +81,7 @@ class ClusterDelay:
         self.latency = network.latency[worker]
         self.link = network.worker_ms[worker]  # one message over this worker's own link
         self.availability = Availability(cluster["availability"], k, config.seed)
+        self.answered: float | None = None  # model ms the servers answered (modelled)
         self.leave_at: float | None = None  # model ms of the next departure
         self.rejoin_at: float | None = None
         self.away = self.returned = 0
@@ -109,13 +114,19 @@ class ClusterDelay:
 
     # -- the worker's hooks ---------------------------------------------------------------
     def request(self) -> None:
-        """A pull request on its way (the first one, one after a return): ``L_i``."""
+        """A pull request on its way (the first one, one after a return): ``L_i``; the
+        servers answer when it is there."""
         time.sleep(self.latency * self.scale)
+        self.answered = self.now()
 
     def received(self) -> bool:
-        """Parameters just answered: on their way for ``w_i + L_i``. True: the worker
-        left meanwhile."""
-        return self._until(self.now() + self.link + self.latency)
+        """Parameters answered at the modelled moment (the request's or the push's
+        arrival; else now) have reached the worker ``w_i + L_i`` later: sleep until
+        then (the real call's time counts as part of it). True: the worker left
+        meanwhile."""
+        answered = self.now() if self.answered is None else self.answered
+        self.answered = None
+        return self._until(answered + self.link + self.latency)
 
     def pad(self, started: float, batch: Any = None) -> bool:
         """A computation that began at ``started`` (``time.perf_counter()``) on ``batch``
@@ -124,7 +135,8 @@ class ClusterDelay:
         elapsed = time.perf_counter() - started
         start = self.now() - elapsed / self.scale
         end = start + self.times.duration(self.worker, start, batch)
-        return self._until(max(end, self.now()) + self.latency + self.link)
+        self.answered = max(end, self.now()) + self.latency + self.link
+        return self._until(self.answered)
 
     def depart(self, over: Callable[[], bool] = lambda: False) -> bool:
         """The worker has left (and told the run): sleep until its return; True if it
