@@ -186,7 +186,7 @@ class RayRun:
             try:
                 self._start_actors()
                 self.start = time.time()
-                self.shards.begin(self.start - self.wall_before)
+                self.shards.begin(self.clock_zero)
                 progress.start(self.end, self.steps)
                 if self.synchronous:
                     self._run_rounds(progress)
@@ -232,6 +232,12 @@ class RayRun:
             end,
             self.wait_time,
         )
+
+    @property
+    def clock_zero(self) -> float:
+        """The servers' time 0 of training (earlier by the training time before a
+        resume): an emulated cluster's model time 0."""
+        return self.start - self.wall_before
 
     def _wall(self) -> float:
         return self.wall_before + time.time() - self.start
@@ -299,21 +305,19 @@ class RayRun:
             self.shards.on_head(lambda head, i=i: head.relay_member.remote(i, True))
             self.members.joined(i, self.steps, "added")
             self.worker_actors.append(self._worker(i))
-            running[self.worker_actors[i].run.remote(clock_zero=self.start - self.wall_before)] = i
+            running[self.worker_actors[i].run.remote(clock_zero=self.clock_zero)] = i
 
     def _run_free(self, progress: Progress) -> None:
         """Asynchronous algorithms: every worker loops until the servers say stop (or
         that it is not in the run: ``"gone"``); workers are added as they are due."""
         ray, workers = self.ray, self.worker_actors
-        running = {
-            w.run.remote(clock_zero=self.start - self.wall_before): i for i, w in enumerate(workers)
-        }
+        running = {w.run.remote(clock_zero=self.clock_zero): i for i, w in enumerate(workers)}
         while running:
             done, _ = ray.wait(list(running), num_returns=len(running), timeout=POLL_SECONDS)
             for ref in done:
                 i = running.pop(ref)
                 if self._finished(ref, i) is False and self.points.diverged_at is None:
-                    running[workers[i].run.remote(clock_zero=self.start - self.wall_before)] = i
+                    running[workers[i].run.remote(clock_zero=self.clock_zero)] = i
             self._poll()
             if self.points.diverged_at is None and not self.shards_stopped():
                 self._grow(running)
