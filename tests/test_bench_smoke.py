@@ -25,12 +25,13 @@ LAST_LINES = {
     "sim_scale.py": r"parallel speed-up [\d.]+",
     "train_throughput.py": r"throughput ratio [\d.]+",
     "ps_throughput.py": r"throughput vs ray example [\d.]+",
+    "ray_vs_sim.py": r"staleness mean error [\d.]+%",
     "threads_under_load.py": r"default slowdown [\d.]+x \((within|OVER) 2x\)",
     "gpu_checks.py": r"checks passed (\d+) of \1",
 }
 #: Arguments beside --smoke (bench/gpu.sh's GPU checks, run here on the CPU).
 ARGS = {"gpu_checks.py": ["--device", "cpu"]}
-NEEDS_RAY = {"ps_throughput.py"}
+NEEDS_RAY = {"ps_throughput.py", "ray_vs_sim.py"}
 
 pytestmark = pytest.mark.slow
 

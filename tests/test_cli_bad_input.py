@@ -492,7 +492,7 @@ def test_bad_cluster_file(tmp_path, text, fragments):
     "args, fragments",
     [
         (["--cluster", "moon"], ["--cluster 'moon'", "datacenter"]),
-        (["--cluster", "geo", "--backend", "ray"], ["simulated", "--backend sim"]),
+        (["--cluster", "geo", "--backend", "ray"], ["emulates", "--time-scale S > 0"]),
         (["--cluster", "geo", "--timing", "constant"], ["both set the step times"]),
         (["--partition", "dirichlet:0"], ["dirichlet:ALPHA", "ALPHA > 0"]),
         (["--partition", "halves"], ["--partition 'halves'", "shards:N"]),

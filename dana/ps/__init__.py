@@ -14,6 +14,10 @@
   the servers; :mod:`dana.ps.standby`: the head's standby) and its evaluation and
   checkpoint points (:mod:`dana.ps.points`);
 - :mod:`dana.ps.recovery`: rebuilding a lost shard from a snapshot and shard 0's log;
+- :mod:`dana.ps.membership`: workers that leave for good and workers added while the
+  run goes on (the driver's side; the servers' is the relayed ``relay_member`` call);
+- :mod:`dana.ps.emulation`: a cluster model (``--cluster``) lived in real time by each
+  worker (``--time-scale``): compute, its own link, departures and returns;
 - :mod:`dana.ps.log`, :mod:`dana.ps.checkpoint`, :mod:`dana.ps.layout`,
   :mod:`dana.ps.delay`, :mod:`dana.ps.cluster`, :mod:`dana.ps.auth`: the per-push
   log, checkpoints, the split of the parameters, emulated step times, starting or

@@ -44,8 +44,10 @@ class StepDelay:
         )
         self.model.rng = np.random.Generator(np.random.PCG64([config.seed, worker, incarnation]))
 
-    def pad(self, started: float) -> None:
-        """Sleep until ``started`` (a ``time.perf_counter()``) plus this step's duration."""
+    def pad(self, started: float, batch: object = None) -> bool:
+        """Sleep until ``started`` (a ``time.perf_counter()``) plus this step's duration;
+        False (no departure: :class:`~dana.ps.emulation.ClusterDelay` has them)."""
         left = self.model.sample(self.worker) * self.scale - (time.perf_counter() - started)
         if left > 0:
             time.sleep(left)
+        return False

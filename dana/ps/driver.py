@@ -70,6 +70,7 @@ from dana.ps.cluster import (
 from dana.ps.group import POLL_SECONDS, ServerArgs, ShardGroup
 from dana.ps.layout import Layout
 from dana.ps.log import LogMerger
+from dana.ps.membership import Membership, write_members
 from dana.ps.points import Points
 from dana.ps.worker import Worker
 from dana.train.config import TrainConfig
@@ -117,9 +118,11 @@ class RayRun:
         self.wall_before = 0.0  # training seconds before a resume
         self.steps = self.updates = self.pushes = 0
         self.wait_time, self.waits = 0.0, 0
-        self.failed_calls = [0] * self.k  # run() calls cut short by a worker's crash
+        self.members = Membership(config, run.path)  # who is in the run (dana.ps.membership)
+        k_max = self.members.k_max
+        self.failed_calls = [0] * k_max  # run() calls cut short by a worker's crash
         self.lost: list[int] = []  # workers out of restarts
-        self.last_seq_sent = [0] * self.k  # from the workers' last completed run() calls
+        self.last_seq_sent = [0] * k_max  # from the workers' last completed run() calls
         self.worker_counts: Counter[str] = Counter()
         self.counters: dict[str, Any] = {}
         self.cpus = 1.0  # logical CPUs per actor (fewer when the cluster is short)
@@ -154,8 +157,9 @@ class RayRun:
 
     @property
     def actors(self) -> int:
-        """The run's actors: ``k`` workers, ``S`` shards and shard 0's standby (if any)."""
-        return self.k + self.S + int(self.with_standby)
+        """The run's actors: ``k_max`` workers (the most it grows to), ``S`` shards and
+        shard 0's standby (if any)."""
+        return self.members.k_max + self.S + int(self.with_standby)
 
     # -- state --------------------------------------------------------------------------
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -167,6 +171,7 @@ class RayRun:
         first = self.saved_servers[0]
         self.steps, self.updates = int(first["steps"]), int(first["updates"])
         self.pushes = int(first["pushes"])
+        self.members.resume(first)
 
     # -- the run ------------------------------------------------------------------------
     def execute(self, progress: Progress) -> dict[str, Any]:
@@ -181,7 +186,7 @@ class RayRun:
             try:
                 self._start_actors()
                 self.start = time.time()
-                self.shards.begin(self.start - self.wall_before)
+                self.shards.begin(self.clock_zero)
                 progress.start(self.end, self.steps)
                 if self.synchronous:
                     self._run_rounds(progress)
@@ -212,6 +217,11 @@ class RayRun:
             list(zip(self.merger.log.worker.tolist(), self.merger.durations.tolist())),
         )
         write_text_atomic(self.run.path / "dist.json", json.dumps(self.counters, indent=2) + "\n")
+        write_members(
+            self.run.path / "members.csv",
+            self.merger.log.worker.tolist(),
+            self.merger.members.tolist(),
+        )
         end = Position(self.epoch, self.updates, self.pushes, sim_time)
         return summarize(
             self.config,
@@ -222,6 +232,12 @@ class RayRun:
             end,
             self.wait_time,
         )
+
+    @property
+    def clock_zero(self) -> float:
+        """The servers' time 0 of training (earlier by the training time before a
+        resume): an emulated cluster's model time 0."""
+        return self.start - self.wall_before
 
     def _wall(self) -> float:
         return self.wall_before + time.time() - self.start
@@ -265,12 +281,10 @@ class RayRun:
         # (Ray warns that restarts need the arguments in the object store: they are).
         spec = getattr(self.problem, "spec", None)
         self.spec_ref = None if spec is None else ray.put(spec)
-        gpus = worker_gpus(ray, self.config.device, self.k)
-        worker_cls = ray.remote(Worker).options(**worker_options(cpus, gpus))
-        self.worker_actors = workers = [
-            worker_cls.remote(config, i, self.shards.names, self.d, self.spec_ref, self.algorithm)
-            for i in range(self.k)
-        ]
+        gpus = worker_gpus(ray, self.config.device, self.members.k_max)
+        self.worker_cls = ray.remote(Worker).options(**worker_options(cpus, gpus))
+        # (a resumed run starts every worker it had started; those gone answer "gone")
+        self.worker_actors = workers = [self._worker(i) for i in range(self.members.started)]
         deadline = time.time() + READY_SECONDS
         self.shards.start(deadline)
         self.shards.wait_ready(
@@ -278,17 +292,35 @@ class RayRun:
         )
         self.shards.attach_standby()
 
+    def _worker(self, i: int) -> Any:
+        """Worker ``i``'s actor (created: it starts meanwhile)."""
+        args = (self.config.to_dict(), i, self.shards.names, self.d, self.spec_ref)
+        return self.worker_cls.remote(*args, self.algorithm)
+
+    def _grow(self, running: dict[Any, int]) -> None:
+        """Add the workers due now (:meth:`Membership.due`): each joins the run on the
+        servers (``master.join``), then its actor starts and runs."""
+        for _ in range(self.members.due(self.steps)):
+            i = self.members.next_index()
+            self.shards.on_head(lambda head, i=i: head.relay_member.remote(i, True))
+            self.members.joined(i, self.steps, "added")
+            self.worker_actors.append(self._worker(i))
+            running[self.worker_actors[i].run.remote(clock_zero=self.clock_zero)] = i
+
     def _run_free(self, progress: Progress) -> None:
-        """Asynchronous algorithms: every worker loops until the servers say stop."""
+        """Asynchronous algorithms: every worker loops until the servers say stop (or
+        that it is not in the run: ``"gone"``); workers are added as they are due."""
         ray, workers = self.ray, self.worker_actors
-        running = {w.run.remote(): i for i, w in enumerate(workers)}
+        running = {w.run.remote(clock_zero=self.clock_zero): i for i, w in enumerate(workers)}
         while running:
             done, _ = ray.wait(list(running), num_returns=len(running), timeout=POLL_SECONDS)
             for ref in done:
                 i = running.pop(ref)
                 if self._finished(ref, i) is False and self.points.diverged_at is None:
-                    running[workers[i].run.remote()] = i
+                    running[workers[i].run.remote(clock_zero=self.clock_zero)] = i
             self._poll()
+            if self.points.diverged_at is None and not self.shards_stopped():
+                self._grow(running)
             self.points.process(progress, stop=self.shards.stop)
             if self.points.diverged_at is not None:
                 self.shards.stop()
@@ -336,8 +368,10 @@ class RayRun:
                     f"last checkpoint with `dana train --resume {self.run.path}`"
                 ) from None
             self.lost.append(i)
-            if self.bounded:  # its records must not hold the others
-                self.shards.forget(i)
+            # Gone for good: the master rule is told (its state for i dropped or folded;
+            # the staleness gate forgets it), and the run does not wait for it.
+            self.shards.on_head(lambda head: head.relay_member.remote(i, False))
+            self.members.left(i, self.steps, "out of restarts")
             return None
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
             # restarted, or restarting (its node lost): call it again
@@ -359,6 +393,10 @@ class RayRun:
         self.steps, self.updates, self.pushes = head["steps"], head["updates"], head["pushes"]
         self.waits, self.wait_time = head["waits"], head["wait_time"]
         self.points.check_divergence()
+
+    def shards_stopped(self) -> bool:
+        """Whether the servers have taken the run's last step (no worker is added then)."""
+        return self.steps >= self.end
 
     def _show(self, progress: Progress) -> None:
         loss = self.merger.log.loss[-1] if len(self.merger) else math.nan
@@ -389,6 +427,9 @@ class RayRun:
             "wait_time": shards[0]["wait_time"],
             "failed_run_calls": self.failed_calls,
             "workers_lost": self.lost,
+            # elastic membership: k_max, each join and departure, who is live at the end
+            **self.members.counters(),
+            "live": [i for i, live in enumerate(shards[0]["live"]) if live],
             # shards rebuilt after their loss (dana.ps.recovery), and shard 0's log
             "shards_rebuilt": group.rebuilt,
             # lost heads replaced by their standby, standbys built since the start

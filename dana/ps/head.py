@@ -84,7 +84,7 @@ class HeadServer(ShardServer):
         self.role = Role.STANDBY if standby else Role.HEAD
         bound = self.config.max_staleness
         self.gate = StalenessGate(bound) if bounds_staleness(bound, self.synchronous) else None
-        self.relay = Relay(peers or [], self.k, replicated=standby or replicated)
+        self.relay = Relay(peers or [], self.k_max, replicated=standby or replicated)
         if recovered is not None:
             self.load_recovery(recovered)
 
@@ -99,6 +99,8 @@ class HeadServer(ShardServer):
         served."""
         if self.role is not Role.HEAD:
             return HeadPull(Status.NOT_HEAD, None, math.nan, 0, 0, [])
+        if not self.records.live[worker]:  # left, or not joined yet: not served
+            return HeadPull(Status.GONE, None, math.nan, self.records.last_seq[worker], 0, [])
         reply = self.pull(worker, join)
         if reply.status is not Status.PARAMS:
             return HeadPull(*reply, [])
@@ -111,6 +113,8 @@ class HeadServer(ShardServer):
         run's next step (a local step's worker takes its next one at it)."""
         if self.role is not Role.HEAD:
             return HeadPushed(Status.NOT_HEAD, math.nan)
+        if not self.records.live[parts[0].worker]:
+            return HeadPushed(Status.GONE, math.nan)
         status = self.push(parts[0])
         self._pass_on(status, parts)
         self.relay.flush()
@@ -120,12 +124,31 @@ class HeadServer(ShardServer):
         """:meth:`exchange`, relayed."""
         if self.role is not Role.HEAD:
             return HeadExchange(Status.NOT_HEAD, None, math.nan, [])
+        if not self.records.live[parts[0].worker]:
+            return HeadExchange(Status.GONE, None, math.nan, [])
         status, params, lr = self.exchange(parts[0])
         self._pass_on(status, parts)
         if params is not None:
             self.relay.pull(parts[0].worker)
         others = self.relay.flush()[-1]
         return HeadExchange(status, params, lr, others if params is not None else [])
+
+    def relay_member(self, worker: int, join: bool) -> HeadPushed:
+        """Worker ``worker`` joins or leaves the run (:meth:`member`), then the same on the
+        standby and every other shard, logged like a push (a rebuilt shard replays it)."""
+        if self.role is not Role.HEAD:
+            return HeadPushed(Status.NOT_HEAD, math.nan)
+        status = self.member(worker, join)
+        if status is Status.APPLIED:
+            self.relay.member(worker, join)
+            self.relay.flush()
+        return HeadPushed(status, self.lr())
+
+    def member(self, worker: int, join: bool) -> Status:
+        status = super().member(worker, join)
+        if status is Status.APPLIED and not join and self.gate is not None:
+            self.gate.forget(worker)  # its in-flight place freed, a held push dropped
+        return status
 
     def _pass_on(self, status: Status, parts: list[Push]) -> None:
         if status in (Status.APPLIED, Status.LOCAL):

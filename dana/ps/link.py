@@ -76,6 +76,9 @@ def find_head(base: str, start: int = 0) -> tuple[int, Any]:
 
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
+#: The statuses that end a worker's loop: the run is over, or the worker is not in it.
+_OVER = (Status.STOP, Status.GONE)
+
 
 class Reply(NamedTuple):
     """The servers' answer to a worker's call: the head's status; ``stop``: the run is
@@ -105,7 +108,7 @@ class ServerLink:
         ``"stop"`` once the run is over, ``"wait"`` while the staleness bound holds the
         worker)."""
         head = self._call(lambda actor: actor.relay_pull.remote(self.worker, join))
-        stop = head.status is Status.STOP
+        stop = head.status in _OVER
         if head.status is not Status.PARAMS:
             return Reply(head.status, stop, None, head.lr, head.last_seq, head.joins)
         # The head decides which pushes are applied (the others apply what it relays):
@@ -122,7 +125,13 @@ class ServerLink:
         """Push (``push``: the worker's, over the whole vector) to every shard."""
         parts = split(push, self.layout)
         head = self._call(lambda actor: actor.relay_push.remote(parts))
-        return Reply(head.status, head.status is Status.STOP, lr=head.lr)
+        return Reply(head.status, head.status in _OVER, lr=head.lr)
+
+    def member(self, join: bool) -> Status:
+        """Tell the run that this worker leaves it (``join`` false) or joins it again
+        (its master rule's ``leave``/``join``, on every shard): ``"applied"``, or
+        ``"duplicate"`` if it already was so."""
+        return self._call(lambda actor: actor.relay_member.remote(self.worker, join)).status
 
     def exchange(self, push: Push) -> Reply:
         """Push and pull in one round trip.
@@ -132,7 +141,7 @@ class ServerLink:
         """
         parts = split(push, self.layout)
         head = self._call(lambda actor: actor.relay_exchange.remote(parts))
-        stop = head.status is Status.STOP
+        stop = head.status in _OVER
         if head.params is None:
             return Reply(head.status, stop, None, head.lr)
         others = self._replies(head.others)

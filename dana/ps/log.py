@@ -47,6 +47,7 @@ _TYPES = {
     "time": "d",
     "duration": "d",
     "updates": "l",
+    "members": "q",
 }
 
 
@@ -65,6 +66,7 @@ class LogMerger:
         self.log = PushLog()
         self.durations = array("d")
         self.updates = array("l")  # master updates after each push (for divergence)
+        self.members = array("q")  # the live workers at each push, a bitmask
         self._primary: deque[tuple] = deque()
         self._parts: dict[tuple[int, int], list[float]] = {}
         self._seen: dict[tuple[int, int], int] = {}  # (shard, worker) -> last seq taken
@@ -104,7 +106,7 @@ class LogMerger:
     def _merge(self, final: bool) -> None:
         others = self.servers - 1
         while self._primary:
-            w, seq, stale, gap_sq, gap_n, loss, lr, t, duration, updates = self._primary[0]
+            w, seq, stale, gap_sq, gap_n, loss, lr, t, duration, updates, members = self._primary[0]
             part = self._parts.get((w, seq)) if others else None
             if others and not final and (part is None or part[3] < others):
                 return
@@ -118,15 +120,19 @@ class LogMerger:
             self.log.append(worker=w, staleness=stale, gap=gap, loss=loss, lr=lr, sim_time=t)
             self.durations.append(duration)
             self.updates.append(updates)
+            self.members.append(members)
 
     def state_dict(self, length: int) -> dict[str, Any]:
         """The first ``length`` merged entries, as tensors (for a checkpoint)."""
         state = {k: v[:length] for k, v in self.log.state_dict().items()}
         state["duration"] = torch.from_numpy(np.array(self.durations[:length]))
         state["updates"] = torch.from_numpy(np.array(self.updates[:length]))
+        state["members"] = torch.from_numpy(np.array(self.members[:length], dtype=np.int64))
         return state
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self.log.load_state_dict({name: state[name] for name in PushLog.columns})
         self.durations = array("d", state["duration"].tolist())
         self.updates = array("l", state["updates"].tolist())
+        # (absent before membership: nobody recorded)
+        self.members = array("q", state["members"].tolist() if "members" in state else [])

@@ -22,6 +22,12 @@ A worker calls the head (shard 0), which relays (:mod:`dana.ps.head`):
   and the rate of the run's next step, at which a worker taking local steps takes its
   next one (the simulator reads the schedule at every step, so the Ray worker does too).
 - ``relay_exchange(parts) -> HeadExchange``: a push and then a pull, one round trip.
+- ``relay_member(worker, join) -> HeadPushed``: worker ``worker`` left the run (``join``
+  false: the master rule's ``leave(worker, lr)``) or joined it (``join(worker)``);
+  :attr:`Status.APPLIED`, or :attr:`Status.DUPLICATE` when it was already so (a call
+  sent again). Made by the driver (a worker gone for good, workers added) or by an
+  emulated worker itself (its cluster's departures; :mod:`dana.ps.emulation`). The
+  head answers every call of a worker that is not in the run :attr:`Status.GONE`.
 
 The head passes every call it takes on to its standby and the other shards as a
 numbered :class:`Call` (its log keeps them as :class:`Entry`, one argument per
@@ -63,6 +69,7 @@ class Status(_Named):
     PARAMS = "params"  # a pull served: the parameters come with it
     WAIT = "wait"  # bounded staleness: refused for now; ask again
     NOT_HEAD = "not-head"  # a standby not (yet) promoted: ask again, or the next one
+    GONE = "gone"  # the worker is not in the run (it left, or has not joined): stop
 
 
 class Role(_Named):
@@ -80,6 +87,7 @@ class Method(_Named):
     PULL = "pull"
     PUSH = "push"
     STOP = "stop"
+    MEMBER = "member"  # a worker left or joined (dana.ps.membership)
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,15 @@ def split(push: Push, layout: Layout) -> list[Push]:
             )
         )
     return parts
+
+
+@dataclass(frozen=True)
+class Member:
+    """Worker ``worker`` joins the run (``join``) or leaves it: the master rule's
+    ``join(worker)`` or ``leave(worker, lr)`` (:mod:`dana.ps.membership`)."""
+
+    worker: int
+    join: bool
 
 
 @dataclass(frozen=True)
@@ -196,11 +213,12 @@ class HeadExchange(NamedTuple):
 
 class Call(NamedTuple):
     """A relayed call as one receiver runs it: its ``number`` in the head's order,
-    ``method`` and argument (a :class:`Pull`, a :class:`Push`; ``None`` for a stop)."""
+    ``method`` and argument (a :class:`Pull`, a :class:`Push`, a :class:`Member`;
+    ``None`` for a stop)."""
 
     number: int
     method: Method
-    arg: Pull | Push | None
+    arg: Pull | Push | Member | None
 
 
 class Entry(NamedTuple):
@@ -209,7 +227,7 @@ class Entry(NamedTuple):
 
     number: int
     method: Method
-    args: list[Pull | Push | None]
+    args: list[Pull | Push | Member | None]
 
     def call(self, receiver: int) -> Call:
         return Call(self.number, self.method, self.args[receiver])
@@ -226,6 +244,8 @@ def apply(server: Any, call: Call) -> Any:
         return server.pull(call.arg.worker, call.arg.join)
     if call.method is Method.PUSH:
         return server.push(call.arg)
+    if call.method is Method.MEMBER:
+        return server.member(call.arg.worker, call.arg.join)
     return server.halt()
 
 

@@ -52,10 +52,13 @@ class Counts:
 
 class WorkerRecords:
     """Per worker: the number of its last push applied (``last_seq``), its pushes applied,
-    its joins, the master's updates at its last pull (``pulled_at``) and when its
-    current step began (``cycle_start``: this process's clock, not saved)."""
+    its joins, the master's updates at its last pull (``pulled_at``), whether it is in
+    the run (``live``: the first ``live`` of them at the start) and when its current
+    step began (``cycle_start``: this process's clock, not saved)."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, live: int | None = None):
+        live = workers if live is None else live
+        self.live = [i < live for i in range(workers)]
         self.last_seq = [0] * workers
         self.applied = [0] * workers
         self.joins = [0] * workers
@@ -71,7 +74,13 @@ class WorkerRecords:
             "applied": list(self.applied),
             "joins": list(self.joins),
             "pulled_at": list(self.pulled_at),
+            "live": list(self.live),
         }
+
+    @property
+    def members(self) -> int:
+        """The live workers as a bitmask (bit ``i``: worker ``i``)."""
+        return sum(1 << i for i, live in enumerate(self.live) if live)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.resume(state)
@@ -82,6 +91,8 @@ class WorkerRecords:
         self.last_seq = [int(s) for s in checkpoint["last_seq"]]
         self.applied = [int(s) for s in checkpoint["applied"]]
         self.joins = [int(s) for s in checkpoint["joins"]]
+        if "live" in checkpoint:  # (absent before membership: every worker was live)
+            self.live = [bool(x) for x in checkpoint["live"]]
 
 
 class GapProbes:
@@ -116,6 +127,12 @@ class GapProbes:
             self.offset_sum = torch.zeros_like(self._diff)
         self.offset_sum.add_(new).sub_(self.offsets[worker])
         self.offsets[worker].copy_(new)
+
+    def clear_offset(self, worker: int) -> None:
+        """A worker left: its rule's offset is gone (0)."""
+        if self.offsets is not None:
+            self.offset_sum.sub_(self.offsets[worker])
+            self.offsets[worker].zero_()
 
     def state_dict(self) -> dict[str, Any]:
         return {

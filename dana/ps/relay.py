@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from dana.ps.protocol import Entry, Method, Pull, Push
+from dana.ps.protocol import Entry, Member, Method, Pull, Push
 from dana.ps.recovery import RelayLog
 
 #: The count a missing standby's snapshot "covers" (``--no-standby``): every call, so
@@ -79,6 +79,13 @@ class Relay:
         join, self.rejoined[worker] = self.rejoined[worker], False
         self._add(Method.PULL, [Pull(worker, join)] * (self.others + 1))
 
+    def member(self, worker: int, join: bool) -> None:
+        """Log that ``worker`` joined or left, for the standby and every other shard, to
+        :meth:`flush`."""
+        if self.log is None:
+            return
+        self._add(Method.MEMBER, [Member(worker, join)] * (self.others + 1))
+
     def stop(self) -> list[Any]:
         """Stop the standby and every other shard after the calls passed on to them (the
         references of the other shards' stops)."""
@@ -116,7 +123,7 @@ class Relay:
         if self.standby is not None:
             self.standby.waiting.remote(state)
 
-    def _add(self, method: Method, args: list[Pull | Push | None]) -> None:
+    def _add(self, method: Method, args: list[Pull | Push | Member | None]) -> None:
         self.outbox.append(self.log.add(method, args))
 
     def trim(self, shard: int, covered: int) -> None:

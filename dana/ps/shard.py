@@ -58,6 +58,7 @@ from dana.ps.records import Counts, GapProbes, WorkerRecords
 from dana.ps.recovery import SNAPSHOT_SECONDS
 from dana.ps.snapshots import Snapshots
 from dana.train.config import TrainConfig
+from dana.train.members import capacity
 from dana.train.schedule import schedule_epoch
 from dana.train.training import build_schedule
 
@@ -106,8 +107,9 @@ class ShardServer:
         if algorithm is None:
             algorithm = cfg.build_algorithm()
         self.shard, self.k = shard, cfg.workers
+        self.k_max = k_max = capacity(cfg)  # the rules' size (dana.train.members)
         self.synchronous = algorithm.synchronous
-        self.master = algorithm.master(torch.from_numpy(params), self.k)  # (a copy)
+        self.master = algorithm.master(torch.from_numpy(params), k_max)  # (a copy)
         self._plain_pull = type(self.master).pull is MasterRule.pull  # pull == copy theta
         self._out = None if self._plain_pull else torch.empty_like(self.master.theta)
         self.schedule = build_schedule(cfg, batches_per_epoch)
@@ -117,13 +119,16 @@ class ShardServer:
         self.snapshot_at = -math.inf  # when the last recovery snapshot was taken
         probes = Layout(d, cfg.servers, cfg.seed).probes[shard]
         self.counts = Counts()
-        self.records = WorkerRecords(self.k)
-        self.probes = GapProbes(probes, self.k, self.master.theta.dtype)
+        self.records = WorkerRecords(k_max, self.k)
+        self.probes = GapProbes(probes, k_max, self.master.theta.dtype)
         self.stopped = False
         self.buffers: dict[str, np.ndarray] | None = None
         self.log = ShardLog()
         if state is not None:
             self.load_state(state)
+        else:  # the workers k .. k_max-1 start outside the run (nothing of theirs to drop)
+            for worker in range(self.k, k_max):
+                self.master.leave(worker, self.lr())
         self.snapshots = Snapshots(evals, checkpoints, self.steps, fresh=state is None)
         if end is not None and self.steps >= end:
             self.stopped = True
@@ -214,6 +219,7 @@ class ShardServer:
             time=now - self.clock_zero,
             duration=duration,
             updates=counts.updates,
+            members=records.members,
         )
         self._after_step(moved)
         return Status.APPLIED
@@ -235,6 +241,26 @@ class ShardServer:
         if call.number != self.counts.calls + 1:
             self.counts.call_gaps += 1  # (never expected: counted, for the tests to check)
         return apply(self, call)
+
+    def member(self, worker: int, join: bool) -> Status:
+        """Worker ``worker`` joins the run (``master.join``) or leaves it
+        (``master.leave`` at the rate a push would have now: a move of the parameters
+        is an update). ``"duplicate"`` if it already was in (out of) the run, ``"stop"``
+        once the run is over (nothing changes then)."""
+        self.counts.calls += 1
+        records = self.records
+        if self.stopped:  # (the head relays only what it applied: a receiver never is)
+            return Status.STOP
+        if records.live[worker] == join:
+            return Status.DUPLICATE
+        records.live[worker] = join
+        if join:
+            self.master.join(worker)
+            return Status.APPLIED
+        self.counts.updates += bool(self.master.leave(worker, self.lr()))
+        self.probes.clear_offset(worker)  # its rule's state is lost with it
+        self._after_step(moved=True)  # (ssgd: a departure may complete the round)
+        return Status.APPLIED
 
     def halt(self) -> None:
         """The run is over: answer every later push and pull with ``"stop"``."""
@@ -277,6 +303,7 @@ class ShardServer:
             "last_seq": list(records.last_seq),
             "applied": list(records.applied),
             "joins": list(records.joins),
+            "live": list(records.live),
             "calls": counts.calls,
             "repeats": counts.repeats,
             "call_gaps": counts.call_gaps,
@@ -405,6 +432,7 @@ _CHECKPOINTED = (
     "last_seq",
     "applied",
     "joins",
+    "live",
     "waits",
     "wait_time",
 )

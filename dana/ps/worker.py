@@ -52,6 +52,7 @@ from torch import Tensor
 
 from dana.algorithms.base import Algorithm, move_tensors
 from dana.ps.delay import StepDelay, worker_speed
+from dana.ps.emulation import ClusterDelay
 from dana.ps.layout import Layout
 from dana.ps.link import ServerLink
 from dana.ps.protocol import Push, Status
@@ -107,7 +108,8 @@ class Worker:
         self.sends_offset = self.rule.theta_offset(1.0) is not None
         self.has_buffers = any(True for _ in self.problem.flat.module.buffers())
         self.stream: BatchStream | None = None  # created when this process first joins
-        self.delay: StepDelay | None = None
+        self.delay: StepDelay | ClusterDelay | None = None
+        self.clock_zero = time.time()  # model time 0 of an emulated cluster (run())
         self.seq = 0  # the sequence number of this worker's last push
         self.lr = 0.0  # the rate of the next step, as the servers last told it
 
@@ -116,12 +118,17 @@ class Worker:
 
         return node_of()
 
-    def run(self, round_index: int | None = None) -> dict[str, int]:
+    def run(
+        self, round_index: int | None = None, clock_zero: float | None = None
+    ) -> dict[str, int]:
         """Steps until the servers say stop (``round_index=None``), or one ``ssgd`` round.
+        ``clock_zero``: the servers' start of training (an emulated cluster's time 0).
 
         Returns counts of the pushes sent and of the servers' replies (shard 0's), and
         ``seq``: the sequence number of this worker's last push.
         """
+        if clock_zero is not None:
+            self.clock_zero = clock_zero
         counts: Counter[str] = Counter()
         params = self._pull(counts)
         if round_index is not None:
@@ -144,7 +151,7 @@ class Worker:
                 self._start(reply.joins)
                 join = False
             if reply.status is not Status.WAIT:
-                return reply.params
+                return self._arrived(reply.params, counts)
             counts["wait_replies"] += 1
             pause = _pause(pause)
 
@@ -152,13 +159,47 @@ class Worker:
         cfg = self.config
         seed = int(np.random.SeedSequence([cfg.seed, self.index, incarnation]).generate_state(1)[0])
         self.stream = self.problem.batches(seed, worker=self.index)
-        if cfg.time_scale > 0:
+        if cfg.time_scale > 0 and cfg.cluster is not None:
+            dataset, flat = self.problem.dataset, self.problem.flat.flat
+            self.delay = ClusterDelay(
+                cfg, self.index, incarnation, flat.numel(), flat.element_size(),
+                dataset.train_y, self.clock_zero,
+            )  # fmt: skip
+            self.delay.request()
+        elif cfg.time_scale > 0:
             self.delay = StepDelay(cfg, self.index, incarnation)
+
+    def _arrived(self, params: Tensor | None, counts: Counter[str]) -> Tensor | None:
+        """Pulled ``params`` (None: stop); on an emulated cluster, once they have crossed
+        the link, or the next parameters after the worker left and came back."""
+        if params is None or not isinstance(self.delay, ClusterDelay):
+            return params
+        if self.delay.received():
+            return self._depart(counts)
+        return params
+
+    def _depart(self, counts: Counter[str]) -> Tensor | None:
+        """An emulated departure (:mod:`dana.ps.emulation`): the work under way is lost;
+        the run is told (``master.leave``), the rule's state reset; back at the model's
+        time (``master.join``, a fresh pull), or gone for good (None)."""
+        counts["departures"] += 1
+        if self.link.member(join=False) is Status.STOP:
+            return None
+        self.rule.leave(0)
+        if not self.delay.depart(over=lambda: self.link.member(join=False) is Status.STOP):
+            return None  # gone for good, or the run ended while it was away
+        self.rule.join(0)
+        if self.link.member(join=True) is Status.STOP:
+            return None
+        counts["returns"] += 1
+        self.delay.request()
+        return self._pull(counts)
 
     def _step(self, params: Tensor, counts: Counter[str], exchange: bool) -> Tensor | None:
         """One gradient computation and its push; the next parameters (None: stop)."""
         started = time.perf_counter()
-        grad, loss = self.worker_step.gradient(0, params.to(self.device), self.stream.next())
+        batch = self.stream.next()
+        grad, loss = self.worker_step.gradient(0, params.to(self.device), batch)
         message = self.worker_step.message(0, grad, self.lr)
         offset = self.rule.theta_offset(1.0) if self.sends_offset and message is not None else None
         if self.device.type != "cpu":
@@ -169,8 +210,8 @@ class Worker:
             if self.has_buffers and message is not None
             else None
         )
-        if self.delay is not None:
-            self.delay.pad(started)
+        if self.delay is not None and self.delay.pad(started, batch):
+            return self._depart(counts)  # (left before its push was complete: lost)
         self.seq += 1
         counts["sent"] += 1  # pushes sent: the key of dist.json's worker_replies, kept
         push = Push(self.index, self.seq, _numpy(message), loss, _numpy(offset), buffers)
@@ -195,7 +236,7 @@ class Worker:
         if reply.params is None:  # the run is over, or the pull must wait: pull on its own
             return self._pull(counts)
         self.lr = reply.lr
-        return reply.params
+        return self._arrived(reply.params, counts)
 
 
 def _pause(seconds: float) -> float:
@@ -213,4 +254,5 @@ _REPLY = {
     Status.DUPLICATE: "duplicate",
     Status.LOCAL: "local",
     Status.STOP: "stopped",
+    Status.GONE: "gone",
 }

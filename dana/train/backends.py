@@ -34,7 +34,12 @@ class Backend:
       (``--partition``; dana.train.partition);
     - ``processes``: its workers and server shards are processes of their own, on a
       cluster it may join (``--address``), with a standby of shard 0 (``--no-standby``
-      drops it) and emulated step times (``--time-scale``): options refused elsewhere."""
+      drops it) and emulated step times (``--time-scale``): options refused elsewhere;
+    - ``emulates_cluster``: it runs a cluster model in real time with ``--time-scale S >
+      0`` (each worker sleeps its modelled compute and transfer times and leaves and
+      returns at the model's times);
+    - ``elastic``: workers can be added to a running run (``--max-workers``,
+      ``--grow-at``; dana.train.members)."""
 
     module: str
     cls: str
@@ -45,6 +50,8 @@ class Backend:
     cluster_model: bool = False
     partitions: bool = False
     processes: bool = False
+    emulates_cluster: bool = False
+    elastic: bool = False
 
 
 #: The runners, by ``--backend`` name (:func:`register` adds one).
@@ -59,6 +66,8 @@ RUNNERS: dict[str, Backend] = {
         install="pip install 'ray>=2.9'",
         wall_clock=True,
         processes=True,
+        emulates_cluster=True,
+        elastic=True,
     ),
 }
 

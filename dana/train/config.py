@@ -29,6 +29,7 @@ from dana.textfile import parse_mapping, read_text
 from dana.train.backends import check_name
 from dana.train.cluster import check_workers as check_cluster_workers
 from dana.train.cluster import resolve_cluster, timing_of
+from dana.train.members import check_members
 from dana.train.partition import parse_partition
 from dana.train.timing import TIMING_MODELS
 
@@ -86,6 +87,10 @@ class TrainConfig:
     servers: int = 1
     standby: bool = True
     time_scale: float = 0.0
+    # Elastic membership (dana.train.members): the most workers the run may hold (its
+    # rules' size; None: workers) and when it grows ("STEP:N,...").
+    max_workers: int | None = None
+    grow_at: str | None = None
     device: str = "cpu"
     batch_workers: int | str = 1
 
@@ -200,7 +205,8 @@ class TrainConfig:
             )
         _check_algorithm_params(self.algorithm, self.algorithm_params)
         self._check_dependent_options(backend.processes)
-        self._check_cluster(backend.cluster_model)
+        self._check_cluster(backend)
+        check_members(self, backend.elastic, self._flag)
         kind, _ = parse_partition(self.partition)
         if kind != "iid" and not backend.partitions:
             raise ConfigError(
@@ -251,7 +257,7 @@ class TrainConfig:
                 given = "--no-standby" if flag(name) == "--standby" else f"{flag(name)} {value!r}"
                 raise ConfigError(f"{given} {fixes[needs]}")
 
-    def _check_cluster(self, simulated: bool) -> None:
+    def _check_cluster(self, backend: Any) -> None:
         """Resolve ``cluster`` (a preset name or a file) into the model it names, check
         it, and set ``timing`` and ``timing_params`` to its compute model's (a cluster
         without one takes them: dana.train.cluster.resolve_cluster)."""
@@ -261,13 +267,31 @@ class TrainConfig:
         self.cluster = resolve_cluster(self.cluster, self.timing, self.timing_params, given)
         self.timing, self.timing_params = timing_of(self.cluster)
         check_cluster_workers(self.cluster, self.workers)
-        if not simulated:
+        if backend.cluster_model:
+            return
+        if backend.emulates_cluster and self.time_scale > 0:
+            away = self.cluster["availability"]
+            if self.build_algorithm().synchronous and (away["preemptions"] or away["random"]):
+                raise ConfigError(
+                    f"{self._flag('cluster')} {self.cluster['name']}: {self.algorithm}'s "
+                    f"rounds on {self._flag('backend')} {self.backend} are driven for a "
+                    "fixed set of workers, so its workers cannot leave and return; drop the "
+                    f"cluster's availability, or simulate it ({self._flag('backend')} sim)"
+                )
+            return
+        if backend.emulates_cluster:
             raise ConfigError(
-                f"{self._flag('cluster')} {self.cluster['name']}: a cluster model is "
-                f"simulated ({self._flag('backend')} sim); {self._flag('backend')} "
-                f"{self.backend} runs on a cluster of its own (emulate step times with "
-                f"{self._flag('timing')} and {self._flag('time_scale')})"
+                f"{self._flag('cluster')} {self.cluster['name']}: {self._flag('backend')} "
+                f"{self.backend} emulates a cluster model in real time: pass "
+                f"{self._flag('time_scale')} S > 0 (the seconds one model millisecond lasts, "
+                "e.g. 0.001)"
             )
+        raise ConfigError(
+            f"{self._flag('cluster')} {self.cluster['name']}: a cluster model is "
+            f"simulated ({self._flag('backend')} sim); {self._flag('backend')} "
+            f"{self.backend} runs on a cluster of its own (emulate step times with "
+            f"{self._flag('timing')} and {self._flag('time_scale')})"
+        )
 
     def _flag(self, name: str) -> str:
         """How the caller of :meth:`validate` names option ``name``."""
@@ -464,6 +488,8 @@ SCHEMA: dict[str, Rule] = {
     "servers": Rule(int, low=1),
     "standby": Rule(bool),
     "time_scale": Rule(float, low=0),
+    "max_workers": Rule(int, low=1, optional=True),
+    "grow_at": Rule(str, optional=True),
     "device": Rule(str, choices=DEVICES),
     "batch_workers": Rule(int, low=1, choices=("auto",)),
 }

@@ -205,7 +205,22 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
         "time_scale",
         float,
         "with --backend ray: emulate the --timing model, padding each step to its "
-        "duration times this many seconds (0.001: the model's numbers are ms; 0: no delay)",
+        "duration times this many seconds (0.001: the model's numbers are ms; 0: no delay); "
+        "with --cluster, the cluster model's compute, transfers and departures",
+    ),
+    (
+        "--max-workers",
+        "max_workers",
+        int,
+        "with --backend ray: the most workers the run may hold (the rules are sized for "
+        "them; default --workers); more are added with --grow-at or RUN/add-workers",
+    ),
+    (
+        "--grow-at",
+        "grow_at",
+        str,
+        "with --backend ray: add workers while the run goes on, STEP:N[,STEP:N...] (N "
+        "workers once the run has taken STEP steps)",
     ),
     (
         "--augment",
