@@ -22,6 +22,7 @@ from typing import Any
 from torch import Tensor
 
 from dana.errors import DanaError
+from dana.train import preempt
 from dana.train.backends import check_backend, runner_class
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
@@ -149,11 +150,13 @@ def execute_run(
     keep_model: Callable[[Tensor], Any] | None = None,
 ) -> dict[str, Any]:
     """A run's life on any runner, as ``dana train`` and :func:`dana.fit` live it: track it
-    in MLflow (``config.mlflow``), ``runner.execute`` with a progress reporter titled
-    ``title``, close the run directory's writers whatever happens, then write
-    ``summary.json``, the final model (``keep_model(runner.final_params())``:
-    ``model.safetensors``) and the curves, and finish the MLflow run (the model among its artifacts). A failure (an
-    interruption too) marks the MLflow run failed and propagates. The summary."""
+        in MLflow (``config.mlflow``), ``runner.execute`` with a progress reporter titled
+        ``title``, close the run directory's writers whatever happens, then write
+        ``summary.json``, the final model (``keep_model(runner.final_params())``:
+        ``model.safetensors``) and the curves, and finish the MLflow run (the model among its artifacts). A failure (an
+        interruption too) marks the MLflow run failed and propagates; SIGTERM or SIGINT make the
+    runner checkpoint and raise :class:`~dana.errors.Preempted` (:mod:`dana.train.preempt`).
+    The summary."""
     tracker = None
     if config.mlflow:
         from dana.train.tracking import MlflowTracker
@@ -161,7 +164,8 @@ def execute_run(
         tracker = MlflowTracker(config.mlflow, config.mlflow_experiment, run.path, config.to_dict())
         run.sinks.append(tracker)
     try:
-        summary = runner.execute(Progress(enabled=progress, desc=title))
+        with preempt.watching():  # SIGTERM/SIGINT: a checkpoint, then Preempted
+            summary = runner.execute(Progress(enabled=progress, desc=title))
     except BaseException as e:
         if tracker is not None:
             tracker.fail(isinstance(e, KeyboardInterrupt))
