@@ -206,7 +206,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.smoke:
-        args.epochs, args.timeout, args.gap = 3.0, 3.0, 1.0
+        args.epochs, args.timeout, args.gap = 2.0, 3.0, 0.5
     tally: Counter[str] = Counter()
     survived: Counter[str] = Counter()
     lost = doubled = episodes = failed = 0

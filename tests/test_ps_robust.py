@@ -124,8 +124,8 @@ class Pauses(faults.Faults):
             how, kind, index = (self.actions[0][1].split(":") + ["", ""])[:3]
             if how not in ("pause", "blink"):
                 return super().update(steps, loss)
-            if self.runner.shards.standby is None:
-                return  # (once the last fault is repaired)
+            if self.runner.shards.standby is None and (kind == "standby" or index == "0"):
+                return  # (shard 0 or the standby once a standby is in place again)
             at, what = self.actions.pop(0)
             shards = self.runner.shards
             actor = shards.standby if kind == "standby" else shards.servers[int(index)]
@@ -151,18 +151,20 @@ def run_with_pauses(config, out: Path, actions: list[tuple[int, str]]) -> tuple[
 @pytest.mark.ray
 @needs_ray
 def test_hung_servers_past_the_deadline_are_lost_and_replaced(local_ray, tmp_path):
-    """Shard 1, the standby and shard 0 paused (SIGSTOP) for good, and shard 1 for 1 s,
+    """Shard 1 paused (SIGSTOP) for 1 s, then the standby, shard 1 and shard 0 for good,
     with ``--server-timeout 3``: the short pause changes nothing; each long one is
-    noticed within the deadline and repaired as a death is (shard 1 rebuilt, the
-    standby rebuilt, the standby promoted); every push applied once on every shard."""
-    config = tiny(workers=3, servers=2, epochs=6.0, time_scale=0.002, server_timeout=3.0)
-    actions = [(10, "blink:shard:1"), (25, "pause:shard:1"), (60, "pause:standby:0"),
-               (100, "pause:shard:0")]  # fmt: skip
+    noticed within the deadline and repaired as a death is (the standby rebuilt, shard
+    1 rebuilt, the standby promoted); every push applied once on every shard."""
+    config = tiny(workers=3, servers=2, epochs=8.0, time_scale=0.002, server_timeout=3.0)
+    actions = [(8, "blink:shard:1"), (16, "pause:standby:0"), (40, "pause:shard:1"),
+               (64, "pause:shard:0")]  # fmt: skip
     runner, done = run_with_pauses(config, tmp_path / "run", actions)
     assert [what for _, what in done.done] == [what for _, what in actions], done.done
-    dist = faults.check_every_shard(runner, steps=6 * 32, resent=True)
+    dist = faults.check_every_shard(runner, steps=8 * 32, resent=True)
     assert [r["shard"] for r in dist["shards_rebuilt"]] == [1]
-    assert len(dist["promotions"]) == 1 and len(dist["standbys_rebuilt"]) >= 2
+    assert (
+        len(dist["promotions"]) == 1 and dist["standbys_rebuilt"]
+    )  # (1 or 2: the run may end first)
     print(json.dumps({k: dist[k] for k in ("shards_rebuilt", "promotions", "standbys_rebuilt")}))
 
 
