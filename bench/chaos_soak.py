@@ -3,8 +3,9 @@
 For ``--minutes`` the script runs episodes back to back, each a real ``dana-slim`` run on
 a private local Ray (3 workers, 2 shards and shard 0's standby, the test MLP on
 synthetic data, ``--server-timeout`` short), and injects faults at random moments,
-one at a time (the next once the last is repaired: a standby in place, and a long
-pause past its deadline):
+one at a time (a long pause's next fault waits past its deadline; shard 0, the
+standby and the pauses only while a standby is in place: losing shard 0 without one is
+not survived):
 
 - ``worker``: a worker's process killed (Ray restarts it);
 - ``shard``: shard 1 killed (rebuilt from its snapshot and shard 0's log);
@@ -14,7 +15,7 @@ pause past its deadline):
   third of the deadline, then continued (nothing to repair);
 - ``pause-long``: a server stopped for good (past the deadline: lost, killed and
   replaced as a dead one is);
-- ``driver``: every fourth episode runs ``dana train`` as a process of its own, kills
+- ``driver``: every third episode (the second, fifth, ...) runs ``dana train`` as a process of its own, kills
   it with SIGKILL once it has a checkpoint, checks that its Ray processes are gone
   (the reaper: seconds counted), then ``dana train --resume`` completes it.
 
@@ -80,9 +81,13 @@ class Chaos(Progress):
 
     def update(self, steps: int, loss: float) -> None:
         shards = self.runner.shards
-        if time.time() < self.next_at or shards.standby is None or steps > self.runner.end - 16:
+        if time.time() < self.next_at or steps > self.runner.end - 16:
             return
-        kind = self.forced.pop(0) if self.forced else self.rng.choice(KINDS)
+        kind = self.forced[0] if self.forced else self.rng.choice(KINDS)
+        if shards.standby is None and kind != "worker" and kind != "shard":
+            return  # (shard 0 and the standby only while a standby is in place)
+        if self.forced:
+            self.forced.pop(0)
         import ray
 
         if kind == "worker":
@@ -216,7 +221,7 @@ def main() -> int:
         while episodes == 0 or (not args.smoke and time.time() - started < 60 * args.minutes):
             seed = args.seed + episodes
             out = Path(tmp) / f"episode{episodes}"
-            if not args.smoke and episodes % 4 == 3:
+            if not args.smoke and episodes % 3 == 1:
                 result = driver_killed(out, seed, args)
             else:
                 forced = ["pause-short", "shard", "pause-long", "worker"] if args.smoke else []
