@@ -122,7 +122,7 @@ def _continue(pid: int) -> None:
 
 def in_process(out: Path, seed: int, args: argparse.Namespace, forced: list[str]) -> dict:
     """One episode in this process; what happened."""
-    from dana.errors import FaultError
+    from dana.errors import DanaError, FaultError
     from dana.ps.driver import RayRun
 
     config = TrainConfig(**settings(seed, args.epochs, args.timeout)).validate()
@@ -133,6 +133,8 @@ def in_process(out: Path, seed: int, args: argparse.Namespace, forced: list[str]
     chaos = Chaos(runner, random.Random(seed), args.gap, forced)
     try:
         summary = runner.execute(chaos)
+    except DanaError as e:  # (a local Ray that did not start: the machine, not a fault)
+        return {"faults": [], "problems": [], "skipped": str(e), "lost": 0, "doubled": 0}
     except FaultError as e:  # (not expected: one fault at a time is survivable)
         return {"faults": chaos.done, "problems": [f"not survived: {e}"], "lost": 0, "doubled": 0}
     finally:
@@ -228,17 +230,14 @@ def main() -> int:
                 result = in_process(out, seed, args, forced)
             episodes += 1
             tally.update(result["faults"])
-            if not result["problems"]:
-                survived.update(result["faults"])
+            if result["problems"] or (args.smoke and "skipped" in result):
+                failed += 1  # (a smoke run that ran nothing checked nothing)
             else:
-                failed += 1
+                survived.update(result["faults"])
             lost, doubled = lost + result["lost"], doubled + result["doubled"]
             reaped += [result["reaped_seconds"]] if "reaped_seconds" in result else []
-            print(
-                f"episode {episodes}: faults {result['faults']}, "
-                f"{'ok' if not result['problems'] else result['problems']}",
-                flush=True,
-            )
+            outcome = result.get("skipped") or result["problems"] or "ok"
+            print(f"episode {episodes}: faults {result['faults']}, {outcome}", flush=True)
     minutes = (time.time() - started) / 60
     print(f"\n{episodes} episodes ({failed} failed) in {minutes:.1f} min")
     print("| fault | injected | survived |\n|---|---|---|")
