@@ -7,7 +7,8 @@ one at a time (a long pause's next fault waits past its deadline; shard 0, the
 standby and the pauses only while a standby is in place: losing shard 0 without one is
 not survived):
 
-- ``worker``: a worker's process killed (Ray restarts it);
+- ``worker``: a worker's process killed (Ray restarts it; each worker at most half its
+  ``WORKER_RESTARTS`` per episode: one out of restarts is gone for good);
 - ``shard``: shard 1 killed (rebuilt from its snapshot and shard 0's log);
 - ``head``: shard 0 killed (its standby promoted, a new one built);
 - ``standby``: the standby killed (a new one built);
@@ -49,6 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from dana.ps.accounting import check_run, lost_and_doubled  # noqa: E402
+from dana.ps.cluster import WORKER_RESTARTS  # noqa: E402
 from dana.ps.reaper import ray_descendants  # noqa: E402
 from dana.train.config import TrainConfig  # noqa: E402
 from dana.train.problem import Problem  # noqa: E402
@@ -78,6 +80,7 @@ class Chaos(Progress):
         self.next_at = time.time() + gap
         self.done: list[str] = []
         self.paused: list[int] = []
+        self.kills = [0] * runner.k  # per worker
 
     def update(self, steps: int, loss: float) -> None:
         shards = self.runner.shards
@@ -90,8 +93,13 @@ class Chaos(Progress):
             self.forced.pop(0)
         import ray
 
-        if kind == "worker":
-            ray.kill(self.rng.choice(self.runner.worker_actors), no_restart=False)
+        if kind == "worker":  # (each within its restarts: a worker out of them is gone)
+            able = [i for i, n in enumerate(self.kills) if n < WORKER_RESTARTS // 2]
+            if not able:
+                return
+            i = self.rng.choice(able)
+            self.kills[i] += 1
+            ray.kill(self.runner.worker_actors[i], no_restart=False)
         elif kind == "shard":
             ray.kill(shards.servers[1], no_restart=True)
         elif kind == "head":
@@ -133,8 +141,10 @@ def in_process(out: Path, seed: int, args: argparse.Namespace, forced: list[str]
     chaos = Chaos(runner, random.Random(seed), args.gap, forced)
     try:
         summary = runner.execute(chaos)
-    except DanaError as e:  # (a local Ray that did not start: the machine, not a fault)
-        return {"faults": [], "problems": [], "skipped": str(e), "lost": 0, "doubled": 0}
+    except DanaError as e:
+        if "could not start or join" in str(e):  # (the machine, not a fault)
+            return {"faults": [], "problems": [], "skipped": str(e), "lost": 0, "doubled": 0}
+        return {"faults": chaos.done, "problems": [str(e)], "lost": 0, "doubled": 0}
     except FaultError as e:  # (not expected: one fault at a time is survivable)
         return {"faults": chaos.done, "problems": [f"not survived: {e}"], "lost": 0, "doubled": 0}
     finally:
