@@ -3,7 +3,8 @@
 Exit status: 0 success; 2 bad input (the message says what and how to fix it; nothing
 is left half-written); 3 the training diverged (a result: ``summary.json`` says where);
 4 a fault the run could not survive (a lost server shard: ``--resume`` continues it);
-1 an unexpected internal error; 130 interrupted.
+75 preempted (SIGTERM or SIGINT: a checkpoint of that moment was written, ``--resume``
+continues it exactly); 1 an unexpected internal error; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ import argparse
 import math
 import sys
 
-from dana.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_FAULT, EXIT_INTERRUPTED, EXIT_OK
+from dana.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_DIVERGED,
+    EXIT_FAULT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+)
 from dana.train.options import HelpFormatter, add_train_options, collect_options
 
 __all__ = ["build_parser", "collect_options", "main"]
@@ -187,7 +195,7 @@ def _extra_commands() -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dana.errors import DanaError, FaultError
+    from dana.errors import DanaError, FaultError, Preempted
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -199,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     except FaultError as e:
         print(f"dana: fault: {e}", file=sys.stderr)
         return EXIT_FAULT
+    except Preempted as e:
+        print(f"dana: {e}", file=sys.stderr)
+        return EXIT_PREEMPTED
     except KeyboardInterrupt:
         print("dana: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -28,10 +28,12 @@ LAST_LINES = {
     "ray_vs_sim.py": r"staleness mean error [\d.]+%",
     "threads_under_load.py": r"default slowdown [\d.]+x \((within|OVER) 2x\)",
     "gpu_checks.py": r"checks passed (\d+) of \1",
+    "chaos_soak.py": r"chaos soak: (\d+) faults, \1 survived, lost 0, doubled 0",
+    "relay_log_memory.py": r"relay log peak resident MB \d+ \(bound MB \d+\)",
 }
 #: Arguments beside --smoke (bench/gpu.sh's GPU checks, run here on the CPU).
 ARGS = {"gpu_checks.py": ["--device", "cpu"]}
-NEEDS_RAY = {"ps_throughput.py", "ray_vs_sim.py"}
+NEEDS_RAY = {"ps_throughput.py", "ray_vs_sim.py", "chaos_soak.py"}
 
 pytestmark = pytest.mark.slow
 

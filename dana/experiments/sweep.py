@@ -18,8 +18,10 @@ sets, or the sweep's own ``--threads``). Its output goes to ``OUT/logs/NAME.log`
 - ``reuse``: a cell that never started, of the same settings as a finished run of
   another sweep, gets a copy of that run instead of running
   (:mod:`dana.experiments.reuse`).
-- SIGINT/SIGTERM stop the running cells (they keep their checkpoints) and exit 130; if
-  the sweep itself is killed, its runs get SIGTERM from the kernel (Linux).
+- SIGINT/SIGTERM are passed on to the running cells as SIGTERM: each writes a checkpoint
+  of that moment and exits 75 (:mod:`dana.train.preempt`); the sweep then raises
+  :class:`~dana.errors.Preempted` (``dana sweep`` exits 75: rerun the same command to
+  continue). If the sweep itself is killed, its runs get SIGTERM from the kernel (Linux).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from dana.atomic import write_text_atomic
+from dana.errors import EXIT_PREEMPTED, Preempted
 from dana.experiments.grid import Cell, SweepSpec, expand
 from dana.experiments.layout import FINISHED, NEW, RESTART, RESUMABLE, SweepDir
 from dana.experiments.reuse import ReusableRuns, copy_run, remove_leftovers
@@ -47,8 +50,20 @@ from dana.train.resources import check_threads
 from dana.train.rundir import RunDir
 
 #: ``dana train``'s exit statuses, as a sweep records them.
-OUTCOMES = {0: "finished", 3: "diverged", 2: "bad-input", 1: "error", 130: "interrupted"}
+OUTCOMES = {
+    0: "finished",
+    3: "diverged",
+    2: "bad-input",
+    1: "error",
+    4: "fault",
+    EXIT_PREEMPTED: "preempted",
+    130: "interrupted",
+}
 POLL_SECONDS = 0.5
+#: The signals that stop a sweep (passed on to its runs as SIGTERM).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Seconds a stopped run has to write its checkpoint before it is killed.
+STOP_SECONDS = 60
 
 
 @dataclass
@@ -74,7 +89,8 @@ class _Job:
 
 
 class _Stop(Exception):
-    """SIGTERM, turned into an exception so that the running cells are stopped cleanly."""
+    """SIGTERM or SIGINT (its name), turned into an exception so that the running cells
+    are stopped cleanly."""
 
 
 def threads_per_job(jobs: int, cores: int | None = None) -> int:
@@ -224,7 +240,7 @@ class _Runner:
                 self.result.status[cell.name] = "pending"
                 pending.append(cell)
         self._record()
-        previous = signal.signal(signal.SIGTERM, _raise_stop)
+        previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
         try:
             while pending or self.running:
                 while pending and len(self.running) < self.jobs:
@@ -234,11 +250,18 @@ class _Runner:
                 self._show()
                 if self.running:
                     time.sleep(POLL_SECONDS)
-        except (KeyboardInterrupt, _Stop):
-            self._stop_all()
-            raise KeyboardInterrupt from None
+        except (KeyboardInterrupt, _Stop) as e:
+            for sig in STOP_SIGNALS:  # (a second signal must not cut the checkpoints short)
+                signal.signal(sig, signal.SIG_IGN)
+            stopped = self._stop_all()
+            name = e.args[0] if isinstance(e, _Stop) and e.args else "SIGINT"
+            raise Preempted(
+                f"sweep preempted by {name}: {stopped} running run(s) stopped with a "
+                f"checkpoint; rerun the same command to continue ({self.sweep.path})"
+            ) from None
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             if self.bar is not None:
                 self.bar.close()
         self.sweep.log(
@@ -355,22 +378,26 @@ class _Runner:
             self._record()
         return ended
 
-    def _stop_all(self) -> None:
+    def _stop_all(self) -> int:
+        """SIGTERM every running cell (each checkpoints and exits 75) and wait for them
+        (``STOP_SECONDS`` at most, then SIGKILL); how many there were."""
         for job in self.running.values():
             if job.process.poll() is None:
                 job.process.terminate()
+        stopped = len(self.running)
         for name, job in self.running.items():
             try:
-                job.process.wait(timeout=30)
+                rc = job.process.wait(timeout=STOP_SECONDS)
             except subprocess.TimeoutExpired:
                 job.process.kill()
-                job.process.wait()
+                rc = job.process.wait()
             job.output.close()
             self.result.status[name] = "interrupted"
-            self.sweep.log(f"interrupted {name}")
+            self.sweep.log(f"{OUTCOMES.get(rc, f'exit {rc}')} {name} (exit {rc})")
         self.running.clear()
-        self.sweep.log("sweep interrupted; rerun the same command to continue")
+        self.sweep.log("sweep preempted; rerun the same command to continue")
         self._record()
+        return stopped
 
     # -- reporting ----------------------------------------------------------------------
     def _record(self) -> None:
@@ -429,7 +456,7 @@ def _json(values: dict[str, Any]) -> str:
 
 
 def _raise_stop(signum: int, frame: Any) -> None:
-    raise _Stop
+    raise _Stop(signal.Signals(signum).name)
 
 
 def _die_with_parent() -> None:

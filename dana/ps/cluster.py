@@ -5,7 +5,8 @@
   has actors (each server and worker reserves one, so that on a real cluster one
   worker takes one core), bound to the loopback interface only (:func:`_loopback`),
   its actors at the driver's own priority (:func:`local_system_config`), and shut it
-  down at the end, whatever happens.
+  down at the end, whatever happens; a reaper (:mod:`dana.ps.reaper`) kills its
+  processes within a second of the driver's death, even by SIGKILL.
 - ``--address ADDR`` (e.g. ``auto``, or ``HEAD_IP:6379`` from ``ray start --head``):
   join that cluster; it stays up afterwards. A cluster that requires Ray's token
   authentication is detected before joining (:mod:`dana.ps.auth`).
@@ -67,6 +68,9 @@ def ray_session(address: str | None, actors: int) -> Iterator[None]:
         "logging_level": logging.WARNING,
         "log_to_driver": True,
     }
+    from dana.ps import reaper
+
+    pipe = None if address else reaper.start()  # (a cluster's processes are not ours)
     try:
         if address:
             _check_reachable(address)
@@ -75,7 +79,30 @@ def ray_session(address: str | None, actors: int) -> Iterator[None]:
             check_token(address)
             ray.init(address=address, **options)
         else:
-            cpus = max(os.cpu_count() or 1, actors)
+            _start_local(ray, max(os.cpu_count() or 1, actors), options)
+    except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as e:
+        if pipe is not None:
+            pipe.close()
+        where = f"the Ray cluster at --address {address}" if address else "a local Ray"
+        raise DanaError(f"could not start or join {where}: {e}") from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if pipe is not None:
+            pipe.close()  # the reaper ends what Ray left behind
+
+
+#: Times a local Ray is started before the run gives up (Ray gives its node manager 30 s
+#: to register, which a machine under a heavy load can miss).
+START_ATTEMPTS = 3
+
+
+def _start_local(ray: Any, cpus: int, options: dict[str, Any]) -> None:
+    """``ray.init`` of a new local Ray; a node that timed out during startup is shut down
+    and started again (:data:`START_ATTEMPTS` in all), then RuntimeError."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
             with _loopback(ray):
                 ray.init(
                     address="local",
@@ -84,13 +111,16 @@ def ray_session(address: str | None, actors: int) -> Iterator[None]:
                     _system_config=local_system_config(),
                     **options,
                 )
-    except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as e:
-        where = f"the Ray cluster at --address {address}" if address else "a local Ray"
-        raise DanaError(f"could not start or join {where}: {e}") from None
-    try:
-        yield
-    finally:
-        ray.shutdown()
+            return
+        except Exception as e:  # (Ray raises a bare Exception for this one)
+            if "timed out during startup" not in str(e):
+                raise
+            ray.shutdown()
+            if attempt == START_ATTEMPTS:
+                raise RuntimeError(
+                    f"its node did not start in {START_ATTEMPTS} attempts ({e}); the machine "
+                    "may be overloaded: try again when it is less busy"
+                ) from None
 
 
 def local_system_config() -> dict[str, Any]:

@@ -57,7 +57,7 @@ from torch import Tensor
 from dana.algorithms.base import Algorithm
 from dana.atomic import write_text_atomic
 from dana.errors import ConfigError, DanaError
-from dana.ps.checkpoint import check_state, to_numpy
+from dana.ps.checkpoint import build_state, check_state, to_numpy
 from dana.ps.cluster import (
     READY_SECONDS,
     WORKER_RESTARTS,
@@ -73,6 +73,7 @@ from dana.ps.log import LogMerger
 from dana.ps.membership import Membership, write_members
 from dana.ps.points import Points
 from dana.ps.worker import Worker
+from dana.train import preempt
 from dana.train.config import TrainConfig
 from dana.train.gate import bounds_staleness
 from dana.train.metrics import Position, summarize
@@ -183,6 +184,7 @@ class RayRun:
         startup = time.time()
         with ray_session(self.config.address, self.actors):
             self.ray = ray = import_ray()
+            preempt.install()  # (ray.init replaced the SIGTERM handler with its own)
             try:
                 self._start_actors()
                 self.start = time.time()
@@ -274,6 +276,7 @@ class RayRun:
             cpus=cpus,
             workers=self.k,
             steps_now=lambda: self.steps,
+            timeout=self.config.server_timeout,
         )
         self.shards.create()
         # A user's problem (dana.fit) goes to the workers once, through the object store;
@@ -313,6 +316,8 @@ class RayRun:
         ray, workers = self.ray, self.worker_actors
         running = {w.run.remote(clock_zero=self.clock_zero): i for i, w in enumerate(workers)}
         while running:
+            if preempt.requested():
+                self._preempt(progress, list(running))
             done, _ = ray.wait(list(running), num_returns=len(running), timeout=POLL_SECONDS)
             for ref in done:
                 i = running.pop(ref)
@@ -337,6 +342,8 @@ class RayRun:
         ray, workers = self.ray, self.worker_actors
         round_index = self.steps // self.k
         while self.steps < self.end and self.points.diverged_at is None:
+            if preempt.requested():  # (between rounds: a checkpoint holds whole rounds)
+                self._preempt(progress, [])
             running = {w.run.remote(round_index): i for i, w in enumerate(workers)}
             while running:
                 done, _ = ray.wait(list(running), num_returns=len(running), timeout=POLL_SECONDS)
@@ -350,6 +357,36 @@ class RayRun:
             self._poll()
             self.points.process(progress, stop=self.shards.stop)
             self._show(progress)
+
+    def _preempt(self, progress: Progress, running: list[Any]) -> None:
+        """SIGTERM or SIGINT (:mod:`dana.train.preempt`): stop the servers (the workers'
+        loops end with their next call), wait until every shard has run every call the
+        head relayed, take what they report, save every shard's state with the merged
+        log as the checkpoint, and raise :class:`~dana.errors.Preempted`. Every push
+        applied is in the checkpoint on every shard: ``--resume`` redoes none."""
+        shards = self.shards
+        shards.stop()
+        self.ray.wait(running, num_returns=len(running), timeout=shards.timeout)
+        shards.settle()
+        self._poll()
+        self.merger.finish()
+        self.points.process(progress, stop=shards.stop)
+        states = shards.each(lambda server: server.state.remote())
+        while None in states:  # a shard lost meanwhile: rebuilt, asked again
+            shards.settle()
+            states = shards.each(lambda server: server.state.remote())
+        pushes = int(states[0]["pushes"])
+        state = build_state(
+            states,
+            self.merger.state_dict(pushes),
+            self.points.rows,
+            self.points.logged,
+            self._wall(),
+            self.points.buffers,
+        )
+        self.run.save_checkpoint(state)
+        progress.close()
+        raise preempt.preempted(str(self.run.path), f"at step {states[0]['steps']}")
 
     def _finished(self, ref: Any, i: int) -> bool | None:
         """Account for a worker's ``run`` call: True if it returned, False if its process

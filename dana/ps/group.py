@@ -58,6 +58,8 @@ class ShardGroup:
         cpus: logical CPUs per actor.
         workers: the run's workers (for messages).
         steps_now: the run's step count now (for the records of faults).
+        timeout: seconds to wait for a running server's reply (``--server-timeout``):
+            one past it is lost, as a dead one is.
     """
 
     def __init__(
@@ -70,10 +72,11 @@ class ShardGroup:
         cpus: float,
         workers: int,
         steps_now: Callable[[], int],
+        timeout: float = 60.0,
     ):
         self.ray, self.run, self.server_args = ray, run, server_args
         self.S, self.with_standby, self.cpus = len(server_args), standby, cpus
-        self.workers, self.steps_now = workers, steps_now
+        self.workers, self.steps_now, self.timeout = workers, steps_now, timeout
         self.prefix = f"dana-{uuid.uuid4().hex[:12]}"
         self.names = [f"{self.prefix}-shard{s}" for s in range(self.S)]
         self.servers: list[Any] = []
@@ -192,7 +195,7 @@ class ShardGroup:
         """Whether server ``name`` (``shardS``, ``standby``) answers."""
         actor = self.standby if name == "standby" else self.servers[int(name[5:])]
         try:
-            self.reply(actor.ready.remote(), timeout=READY_SECONDS)
+            self.reply(actor.ready.remote())
             return True
         except ServerLost:
             return False
@@ -229,10 +232,12 @@ class ShardGroup:
     def reply(self, ref: Any, timeout: float | None = None) -> Any:
         """A server's reply (``ref``: its call's); :class:`~dana.ps.cluster.ServerLost` if
         the server, or the node holding the reply, is gone, or no reply came within
-        ``timeout`` s. (Every reply of a server is waited for here.)"""
+        ``timeout`` s (default: the run's ``--server-timeout``: a hung or paused server
+        is lost; the caller kills it for certain before replacing it). (Every reply of
+        a server is waited for here.)"""
         ray = self.ray
         try:
-            return ray.get(ref, timeout=timeout)
+            return ray.get(ref, timeout=self.timeout if timeout is None else timeout)
         except (
             ray.exceptions.RayActorError,
             ray.exceptions.ObjectLostError,

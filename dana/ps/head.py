@@ -84,7 +84,13 @@ class HeadServer(ShardServer):
         self.role = Role.STANDBY if standby else Role.HEAD
         bound = self.config.max_staleness
         self.gate = StalenessGate(bound) if bounds_staleness(bound, self.synchronous) else None
-        self.relay = Relay(peers or [], self.k_max, replicated=standby or replicated)
+        self.relay = Relay(
+            peers or [],
+            self.k_max,
+            replicated=standby or replicated,
+            timeout=self.config.server_timeout,
+            limit=self.config.relay_log_bytes,
+        )
         if recovered is not None:
             self.load_recovery(recovered)
 

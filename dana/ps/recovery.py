@@ -39,13 +39,30 @@ last checkpoint.
 
 from __future__ import annotations
 
+import pickle
+import tempfile
 from collections import deque
-from typing import Any
+from collections.abc import Iterator
+from typing import IO, Any, NamedTuple
 
 from dana.ps.protocol import Entry, Method, Pull, Push
 
 #: Seconds between two snapshots of a shard ``s >= 1`` (or the standby) for its recovery.
 SNAPSHOT_SECONDS = 1.0
+
+#: The default bound on the bytes a relay log holds in memory (``--relay-log-bytes``).
+RELAY_LOG_BYTES = 2 * 1024**3
+
+#: The most bytes of logged calls sent to a new standby in one call (:meth:`RelayLog.chunks`).
+CHUNK_BYTES = 256 * 1024**2
+
+
+class Spilled(NamedTuple):
+    """A logged call kept on disk: its number, and where its pickle lies in the spill file."""
+
+    number: int
+    offset: int
+    length: int
 
 
 class RelayLog:
@@ -54,14 +71,26 @@ class RelayLog:
     Entries are :class:`~dana.ps.protocol.Entry` (``args[s]``: the call's argument for
     shard ``s``; ``args[0]``: the standby's, shard 0's own). ``kept[s]``: the count that
     the driver's latest snapshot of receiver ``s`` (0: the standby) covers.
+
+    **Bound**: at most ``limit`` bytes of pushed slices are held in memory. A call that
+    would go past it is spilled: pickled to an anonymous temporary file (deleted by the
+    system when the process ends, however it ends) and read back when it is replayed
+    or sent to a new standby. Nothing is dropped, so a rebuild is as exact as before;
+    only its replay reads from disk. The file is emptied whenever no spilled call is
+    left (the log is trimmed oldest first). ``peak_bytes`` is the peak in memory,
+    ``peak_spilled_bytes`` on disk.
     """
 
-    def __init__(self, shards: int):
+    def __init__(self, shards: int, limit: int = RELAY_LOG_BYTES):
         self.count = 0  # calls logged so far: the number of the last one
-        self.calls: deque[Entry] = deque()
+        self.calls: deque[Entry | Spilled] = deque()
         self.kept = [0] * shards
-        self.bytes = 0  # of the arrays held
+        self.limit = limit
+        self.bytes = 0  # of the arrays held in memory
         self.peak, self.peak_bytes = 0, 0  # the most held at once (for dist.json)
+        self.spill: IO[bytes] | None = None  # the spill file, once needed
+        self.spilled = self.spilled_bytes = 0  # calls and bytes on disk now
+        self.spilled_calls = self.peak_spilled_bytes = 0  # ever spilled; the most at once
 
     def add(self, method: Method, args: list[Pull | Push | None]) -> Entry:
         """Log a new call (``args[s]``: receiver ``s``'s), numbered next."""
@@ -84,17 +113,77 @@ class RelayLog:
 
     def _keep(self, entry: Entry) -> None:
         self.count = entry.number
-        self.calls.append(entry)
-        self.bytes += entry.nbytes
+        if self.bytes + entry.nbytes > self.limit:
+            self.calls.append(self._spill(entry))
+        else:
+            self.calls.append(entry)
+            self.bytes += entry.nbytes
         self.peak = max(self.peak, len(self.calls))
         self.peak_bytes = max(self.peak_bytes, self.bytes)
+
+    def _spill(self, entry: Entry) -> Spilled:
+        if self.spill is None:
+            self.spill = tempfile.TemporaryFile(prefix="dana-relay-log-")
+        data = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
+        offset = self.spilled_bytes
+        self.spill.seek(offset)
+        self.spill.write(data)
+        self.spilled += 1
+        self.spilled_calls += 1
+        self.spilled_bytes += len(data)
+        self.peak_spilled_bytes = max(self.peak_spilled_bytes, self.spilled_bytes)
+        return Spilled(entry.number, offset, len(data))
+
+    def _load(self, item: Entry | Spilled) -> Entry:
+        if isinstance(item, Entry):
+            return item
+        self.spill.seek(item.offset)
+        return pickle.loads(self.spill.read(item.length))
+
+    def entries(self) -> Iterator[Entry]:
+        """Every logged call, oldest first (a spilled one read back from disk)."""
+        for item in list(self.calls):
+            yield self._load(item)
+
+    def chunks(self, size: int = CHUNK_BYTES) -> Iterator[list[Entry]]:
+        """The logged calls in lists of about ``size`` bytes at most (one call at least):
+        what a new standby is sent, so that the log is never all in memory at once."""
+        chunk: list[Entry] = []
+        held = 0
+        for entry in self.entries():
+            if chunk and held + entry.nbytes > size:
+                yield chunk
+                chunk, held = [], 0
+            chunk.append(entry)
+            held += entry.nbytes
+        if chunk:
+            yield chunk
 
     def trim(self, shard: int, covered: int) -> None:
         """Receiver ``shard``'s latest snapshot covers the calls up to ``covered``."""
         self.kept[shard] = max(self.kept[shard], covered)
         oldest = min(self.kept)
         while self.calls and self.calls[0].number <= oldest:
-            self.bytes -= self.calls.popleft().nbytes
+            item = self.calls.popleft()
+            if isinstance(item, Spilled):
+                self.spilled -= 1
+            else:
+                self.bytes -= item.nbytes
+        if self.spill is not None and not self.spilled and self.spilled_bytes:
+            self.spill.truncate(0)  # no spilled call left: the disk space back
+            self.spilled_bytes = 0
+
+    def counters(self) -> dict[str, int]:
+        """For ``dist.json``: the calls ever logged, the peak in memory (calls, bytes), the
+        calls spilled to disk and the peak on disk."""
+        return {
+            "relayed_calls": self.count,
+            "log_peak_calls": self.peak,
+            "log_peak_bytes": self.peak_bytes,
+            "log_limit_bytes": self.limit,
+            "log_spilled_calls": self.spilled_calls,
+            "log_peak_spilled_bytes": self.peak_spilled_bytes,
+        }
 
     def replay(self, actor: Any, shard: int, covered: int) -> int:
         """Send ``actor`` (the new shard ``shard >= 1``) every call after ``covered``, in
@@ -102,7 +191,7 @@ class RelayLog:
         if covered < self.kept[shard]:
             raise RuntimeError(f"shard {shard}'s calls up to {self.kept[shard]} are gone")
         replayed = 0
-        for entry in self.calls:
+        for entry in self.entries():
             if entry.number > covered:
                 actor.relayed.remote(entry.call(shard))
                 replayed += 1

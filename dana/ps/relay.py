@@ -24,7 +24,7 @@ import sys
 from typing import Any
 
 from dana.ps.protocol import Entry, Member, Method, Pull, Push
-from dana.ps.recovery import RelayLog
+from dana.ps.recovery import RELAY_LOG_BYTES, RelayLog
 
 #: The count a missing standby's snapshot "covers" (``--no-standby``): every call, so
 #: that the log is trimmed by the other shards' snapshots alone.
@@ -38,20 +38,31 @@ class Relay:
     ``replicated``: the run has a standby of shard 0 (not with ``--no-standby``): keep
     the log even with no other shard, with shard 0's own part of every call for the
     standby. Without one, the log (only with other shards) holds their parts alone and
-    waits for no standby snapshot."""
+    waits for no standby snapshot. ``timeout``: seconds to wait for the standby's answer
+    (``--server-timeout``); a standby past it is lost, as a dead one is: killed, and
+    rebuilt by the driver. ``limit``: the bytes its log holds in memory at most
+    (``--relay-log-bytes``; beyond, calls go to disk: :class:`RelayLog`)."""
 
-    def __init__(self, names: list[str], workers: int, replicated: bool = False):
+    def __init__(
+        self,
+        names: list[str],
+        workers: int,
+        replicated: bool = False,
+        timeout: float | None = None,
+        limit: int = RELAY_LOG_BYTES,
+    ):
         self.names = list(names)
         self.others = len(self.names)  # the other shards: S - 1
         self.peers: list[Any] = []  # their actor handles, once connect() has run
         self.standby: Any = None
         self.replicated = replicated
         self.rejoined = [False] * workers  # a join to pass on with the worker's next pull
-        self.log = RelayLog(len(self.names) + 1) if self.names or replicated else None
+        self.log = RelayLog(len(self.names) + 1, limit) if self.names or replicated else None
         if self.log is not None and not replicated:
             self.log.kept[0] = NO_STANDBY  # (no standby snapshot to wait for)
         self.outbox: list[Entry] = []  # logged, not yet sent
         self.standby_lost = 0  # times the standby did not answer
+        self.timeout = timeout
 
     def connect(self) -> None:
         if self.names:
@@ -104,9 +115,15 @@ class Relay:
             import ray
 
             try:
-                _wait(self.standby.replica.remote(entries))
-            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
-                # Lost: the driver builds a new one and this log fills it (attach).
+                _wait(self.standby.replica.remote(entries), self.timeout)
+            except (
+                ray.exceptions.RayActorError,
+                ray.exceptions.ObjectLostError,
+                ray.exceptions.GetTimeoutError,
+            ):
+                # Lost (or hung: killed for certain, so that it never runs on behind
+                # this log): the driver builds a new one and this log fills it (attach).
+                ray.kill(self.standby, no_restart=True)
                 self.standby = None
                 self.standby_lost += 1
         return [
@@ -145,8 +162,12 @@ class Relay:
             self.log.calls and self.log.calls[0].number > covered + 1
         ):
             raise RuntimeError(f"the calls after {covered} are gone: no standby from there")
-        # Waited for: a promotion must find the whole log there.
-        _wait(actor.adopt.remote(list(self.log.kept), list(self.log.calls)))
+        # Waited for: a promotion must find the whole log there. In chunks: the log may
+        # be larger than the memory it may take (part of it on disk).
+        chunks = self.log.chunks()
+        _wait(actor.adopt.remote(list(self.log.kept), next(chunks, [])), self.timeout)
+        for chunk in chunks:
+            _wait(actor.replica.remote(chunk), self.timeout)
         self.standby = actor
         return len(self.log.calls)
 
@@ -156,7 +177,7 @@ class Relay:
         calls each was sent."""
         self.peers = list(peers)
         self.standby = None
-        for entry in self.log.calls:
+        for entry in self.log.entries():
             for s, peer in enumerate(self.peers, start=1):
                 peer.relayed.remote(entry.call(s))
         return len(self.log.calls) if self.peers else 0
@@ -169,21 +190,15 @@ class Relay:
         self.rejoined = [bool(j) for j in state["rejoined"]]
 
     def counters(self) -> dict[str, int]:
-        log = self.log
-        if log is None:
+        if self.log is None:
             return {"relayed_calls": 0, "log_peak_calls": 0, "log_peak_bytes": 0}
-        return {
-            "relayed_calls": log.count,
-            "log_peak_calls": log.peak,
-            "log_peak_bytes": log.peak_bytes,
-            "standby_lost": self.standby_lost,
-        }
+        return {**self.log.counters(), "standby_lost": self.standby_lost}
 
 
-def _wait(reply: Any) -> None:
-    """Wait for an actor call's reply (a stand-in actor that ran the call directly, as in
-    the unit tests, returns no reference)."""
+def _wait(reply: Any, timeout: float | None = None) -> None:
+    """Wait for an actor call's reply, ``timeout`` s at most (a stand-in actor that ran the
+    call directly, as in the unit tests, returns no reference)."""
     import ray
 
     if isinstance(reply, ray.ObjectRef):
-        ray.get(reply)
+        ray.get(reply, timeout=timeout)

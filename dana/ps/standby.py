@@ -48,7 +48,7 @@ class Standby:
         if self.actor is None:
             group.unsurvivable("shard 0 was lost while its standby was being rebuilt")
         try:
-            sent = group.reply(self.actor.promote.remote(peers), timeout=READY_SECONDS)
+            sent = group.reply(self.actor.promote.remote(peers))
         except ServerLost:
             group.unsurvivable("shard 0 and its standby were both lost")
         head, self.actor = self.actor, None

@@ -5,6 +5,8 @@ The run stops at fixed points of the data stream (every ``eval_every`` epochs, e
 evaluation point it appends a row to ``metrics.csv`` (:func:`dana.train.metrics.metrics_row`).
 At a checkpoint point it saves the whole state, so that ``--resume`` continues exactly: a
 resumed run's ``metrics.csv`` equals the uninterrupted run's but for ``wall_seconds``.
+SIGTERM or SIGINT (:mod:`dana.train.preempt`) stops the run after the step under way
+with a checkpoint of that step, just as exact.
 
 A NaN or infinite loss is a result, not a crash: the run stops, ``summary.json`` says
 ``diverged: true`` and at which update, and :meth:`SimRun.execute` returns normally.
@@ -22,6 +24,7 @@ from dana.algorithms.base import Algorithm
 from dana.errors import ConfigError
 from dana.sim.compute import auto_batch_workers
 from dana.sim.simulator import Simulator
+from dana.train import preempt
 from dana.train.batches import BatchStream
 from dana.train.config import TrainConfig
 from dana.train.metrics import Position, divergence_row, metrics_row, summarize
@@ -173,6 +176,10 @@ class SimRun:
             self.sim.run(pushes=point, callback=self._tick(progress))
             if self.diverged_at is not None:
                 break
+            if preempt.requested() and self.sim.steps < point:
+                self.run.save_checkpoint(self.state_dict(wall()))
+                progress.close()
+                raise preempt.preempted(str(self.run.path), f"at step {self.sim.steps}")
             if point in evals:
                 row = self.evaluate(wall())
                 progress.row(row)
@@ -218,7 +225,7 @@ class SimRun:
         def callback(sim: Simulator) -> bool:
             if sim.steps % every == 0:
                 progress.update(sim.steps, sim.log.loss[-1] if len(sim.log) else math.nan)
-            return self.diverged(sim)
+            return self.diverged(sim) or preempt.requested() is not None
 
         return callback
 

@@ -86,6 +86,8 @@ class TrainConfig:
     address: str | None = None
     servers: int = 1
     standby: bool = True
+    server_timeout: float = 60.0
+    relay_log_bytes: int = 2 * 1024**3
     time_scale: float = 0.0
     # Elastic membership (dana.train.members): the most workers the run may hold (its
     # rules' size; None: workers) and when it grows ("STEP:N,...").
@@ -487,6 +489,8 @@ SCHEMA: dict[str, Rule] = {
     "address": Rule(str, optional=True),
     "servers": Rule(int, low=1),
     "standby": Rule(bool),
+    "server_timeout": Rule(float, low=0, open_low=True),
+    "relay_log_bytes": Rule(int, low=0),
     "time_scale": Rule(float, low=0),
     "max_workers": Rule(int, low=1, optional=True),
     "grow_at": Rule(str, optional=True),

@@ -201,6 +201,21 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
         {"action": "store_false", "default_help": "a standby that takes over from a lost shard 0"},
     ),
     (
+        "--server-timeout",
+        "server_timeout",
+        float,
+        "with --backend ray: seconds the driver and shard 0 wait for a server's answer; "
+        "a server past it (hung, paused) is treated as lost, as a dead one is",
+    ),
+    (
+        "--relay-log-bytes",
+        "relay_log_bytes",
+        int,
+        "with --backend ray: the bytes of relayed calls shard 0 (and its standby) keep in "
+        "memory for rebuilding a lost shard or standby; beyond, they go to a temporary "
+        "file on disk",
+    ),
+    (
         "--time-scale",
         "time_scale",
         float,

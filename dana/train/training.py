@@ -23,6 +23,7 @@ from typing import Any
 from torch import Tensor
 
 from dana.errors import DanaError
+from dana.train import preempt
 from dana.train.backends import check_backend, runner_class
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
@@ -156,9 +157,11 @@ def execute_run(
     in MLflow (``config.mlflow``), ``runner.execute`` with a progress reporter titled
     ``title``, close the run directory's writers whatever happens, then write
     ``summary.json``, the final model (``keep_model(runner.final_params())``:
-    ``model.safetensors``) and the curves, and finish the MLflow run (the model among its artifacts; ``mlflow_run``: its ``run_name``
-    and ``tags``). A failure (an
-    interruption too) marks the MLflow run failed and propagates. The summary."""
+    ``model.safetensors``) and the curves, and finish the MLflow run (the model among its
+    artifacts; ``mlflow_run``: its ``run_name`` and ``tags``). A failure (an interruption
+    too) marks the MLflow run failed and propagates; SIGTERM or SIGINT make the runner
+    checkpoint and raise :class:`~dana.errors.Preempted` (:mod:`dana.train.preempt`).
+    The summary."""
     tracker = None
     if config.mlflow:
         from dana.train.tracking import MlflowTracker
@@ -172,7 +175,8 @@ def execute_run(
         )
         run.sinks.append(tracker)
     try:
-        summary = runner.execute(Progress(enabled=progress, desc=title))
+        with preempt.watching():  # SIGTERM/SIGINT: a checkpoint, then Preempted
+            summary = runner.execute(Progress(enabled=progress, desc=title))
     except BaseException as e:
         if tracker is not None:
             tracker.fail(isinstance(e, KeyboardInterrupt))

@@ -1,0 +1,103 @@
+"""Graceful preemption (dana/train/preempt.py): SIGTERM on `dana train` (the simulator,
+and Ray: tests/test_ps_robust.py) or `dana sweep` writes a checkpoint of that moment,
+says so in one line and exits 75; `--resume` continues exactly."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from clirun import ENV, run_dana
+
+from dana.errors import EXIT_PREEMPTED
+
+SMALL = ["--dataset", "synthetic", "--model", "linear", "--train-size", "512", "--test-size", "256",
+         "--batch-size", "32", "--quiet"]  # fmt: skip
+ARGS = [*SMALL, "--algorithm", "dana-zero", "--workers", "4", "--epochs", "60",
+        "--eval-every", "5", "--timing", "gamma"]  # fmt: skip
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    with (path / "metrics.csv").open() as f:
+        return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in csv.DictReader(f)]
+
+
+def start(*args: str) -> subprocess.Popen:
+    """``dana ARGS`` in a real interpreter (a signal must hit a real process)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "dana.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+        text=True,
+    )
+
+
+def wait_for(path: Path, timeout: float = 120, rows_at_least: int = 0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.exists() and (
+            not rows_at_least or len(path.read_text().splitlines()) > rows_at_least
+        ):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not appear within {timeout} s")
+
+
+def test_sigterm_checkpoints_mid_run_and_resume_equals_the_uninterrupted_run(tmp_path):
+    whole = tmp_path / "whole"
+    assert run_dana("train", *ARGS, "--out", str(whole)).returncode == 0
+
+    cut = tmp_path / "cut"
+    proc = start("train", *ARGS, "--out", str(cut))
+    wait_for(cut / "metrics.csv", rows_at_least=2)  # past the first evaluations
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_PREEMPTED, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "preempted by SIGTERM: checkpoint written at step" in err
+    assert f"dana train --resume {cut}" in err
+    assert (cut / "checkpoint.pt").exists() and not (cut / "summary.json").exists()
+    step = int(err.split("at step ")[1].split(";")[0])
+    assert 0 < step < 60 * 16 and step % 80, err  # mid-way, not at an evaluation point
+
+    result = run_dana("train", "--resume", str(cut), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert rows(cut) == rows(whole)
+    done, ref = (json.loads((p / "summary.json").read_text()) for p in (cut, whole))
+    for key in ("updates", "pushes", "final_test_loss", "mean_gap", "mean_staleness"):
+        assert done[key] == ref[key], key
+    assert (cut / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
+
+
+def test_sigterm_on_a_sweep_checkpoints_its_runs_and_exits_75(tmp_path):
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(
+        "dataset: synthetic\nmodel: linear\ntrain-size: 512\ntest-size: 256\nbatch-size: 32\n"
+        "epochs: 200\neval-every: 5\nalgorithm: dana-zero\nworkers: 4\ngrid:\n  seed: [0, 1]\n"
+    )
+    out = tmp_path / "sweep"
+    proc = start("sweep", "--config", str(spec), "--out", str(out), "--jobs", "2")
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        metrics = list(out.glob("runs/*/metrics.csv"))
+        if len(metrics) == 2 and all(len(m.read_text().splitlines()) > 2 for m in metrics):
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_PREEMPTED, err
+    assert "Traceback" not in err and "rerun the same command" in err, err
+    runs = sorted(out.glob("runs/*"))
+    assert len(runs) == 2
+    for run in runs:
+        assert (run / "checkpoint.pt").exists() and not (run / "summary.json").exists()
+        log = next(out.glob(f"logs/{run.name}*")).read_text()
+        assert "preempted by SIGTERM: checkpoint written at step" in log, log
+    assert "preempted" in (out / "sweep.log").read_text()

@@ -1,0 +1,189 @@
+"""The Ray runtime's robustness on a real local Ray: a SIGTERMed run checkpoints and
+exits 75 (dana/train/preempt.py), a killed driver leaves no Ray process behind
+(dana/ps/reaper.py), and a hung server (SIGSTOP) past ``--server-timeout`` is lost as a
+dead one is (dana/ps/group.py): the run goes on with every push applied once, or ends
+with exit status 4 and a message, never a silent hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_ps_faults as faults
+from conftest import descendants, needs_ray, run_on_ray, tiny
+
+from dana.errors import EXIT_PREEMPTED, FaultError
+
+try:
+    import ray
+except ImportError:
+    ray = None
+
+RUN = ["train", "--backend", "ray", "--algorithm", "asgd", "--workers", "2", "--servers", "2",
+       "--dataset", "synthetic", "--model", "mlp", "--train-size", "1024", "--test-size", "256",
+       "--batch-size", "32", "--lr", "0.2", "--warmup-epochs", "0.5", "--eval-every", "0.5",
+       "--time-scale", "0.004", "--quiet"]  # fmt: skip
+
+
+def start(*args: str) -> subprocess.Popen:
+    """``dana ARGS`` in a real interpreter, in a session of its own."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "dana.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_rows(out: Path, rows: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    metrics = out / "metrics.csv"
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) > rows:
+            return
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"no {rows} metrics rows within {timeout} s: {proc.communicate()}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.ray
+@needs_ray
+def test_a_sigtermed_ray_run_checkpoints_exits_75_and_resumes_exactly(tmp_path):
+    out = tmp_path / "run"
+    proc = start(*RUN, "--epochs", "6", "--out", str(out))
+    wait_rows(out, 2, proc)  # epochs 0 and 0.5 evaluated: mid-run
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == EXIT_PREEMPTED, err
+    assert "Traceback" not in err, err
+    (line,) = [x for x in err.splitlines() if x.startswith("dana:")]
+    assert "preempted by SIGTERM: checkpoint written at step" in line, err
+    assert f"dana train --resume {out}" in line
+    assert (out / "checkpoint.pt").exists() and not (out / "summary.json").exists()
+    stopped = int(line.split("at step ")[1].split(";")[0])
+    assert 0 < stopped < 6 * 32, line
+
+    resumed = start("train", "--resume", str(out), "--quiet")
+    _, err = resumed.communicate(timeout=400)
+    assert resumed.returncode == 0, err
+    dist = json.loads((out / "dist.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    for shard in dist["shards"]:  # every push applied once on both shards, none redone
+        assert shard["applied"] == shard["last_seq"] == dist["shards"][0]["applied"]
+        assert shard["seq_gaps"] == shard["duplicates"] == shard["call_gaps"] == 0
+        assert shard["pushes"] == 6 * 32
+    assert summary["pushes"] == 6 * 32
+
+
+@pytest.mark.ray
+@needs_ray
+def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path):
+    """SIGKILL on the driver alone: its reaper kills every Ray process it started (the
+    GCS, the node manager, agents, servers, workers, standby) within seconds."""
+    out = tmp_path / "run"
+    proc = start(*RUN, "--epochs", "20", "--out", str(out))
+    wait_rows(out, 1, proc)
+    time.sleep(1.0)  # (the reaper notes the processes every 0.5 s)
+    before = descendants(proc.pid) - {proc.pid}
+    assert len(before) > 5, before  # GCS, raylet, agents, 2 workers, 2 shards, standby...
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and any(alive(pid) for pid in before):
+        time.sleep(0.2)
+    left = {pid: faults.command(pid) for pid in before if alive(pid)}
+    assert not left, left
+
+
+class Pauses(faults.Faults):
+    """:class:`test_ps_faults.Faults` with pauses: ``"pause:shard:S"``, ``"pause:standby:0"``
+    (SIGSTOP, never continued: the driver kills it past the deadline) and
+    ``"blink:shard:S"`` (SIGSTOP, SIGCONT ``BLINK`` s later: shorter than the deadline)."""
+
+    BLINK = 1.0
+
+    def update(self, steps: int, loss: float) -> None:
+        while self.actions and steps >= self.actions[0][0]:
+            how, kind, index = (self.actions[0][1].split(":") + ["", ""])[:3]
+            if how not in ("pause", "blink"):
+                return super().update(steps, loss)
+            if self.runner.shards.standby is None and (kind == "standby" or index == "0"):
+                return  # (shard 0 or the standby once a standby is in place again)
+            at, what = self.actions.pop(0)
+            shards = self.runner.shards
+            actor = shards.standby if kind == "standby" else shards.servers[int(index)]
+            pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+            os.kill(pid, signal.SIGSTOP)
+            if how == "blink":
+                threading.Timer(self.BLINK, os.kill, (pid, signal.SIGCONT)).start()
+            self.done.append((steps, what))
+            return
+
+
+def run_with_pauses(config, out: Path, actions: list[tuple[int, str]]) -> tuple[Any, Pauses]:
+    made: dict[str, Pauses] = {}
+
+    def pauses_for(runner: Any) -> Pauses:
+        made["faults"] = Pauses(runner, actions)
+        return made["faults"]
+
+    runner = run_on_ray(config, out, pauses_for)
+    return runner, made["faults"]
+
+
+@pytest.mark.ray
+@needs_ray
+def test_hung_servers_past_the_deadline_are_lost_and_replaced(local_ray, tmp_path):
+    """Shard 1 paused (SIGSTOP) for 1 s, then the standby, shard 1 and shard 0 for good,
+    with ``--server-timeout 3``: the short pause changes nothing; each long one is
+    noticed within the deadline and repaired as a death is (the standby rebuilt, shard
+    1 rebuilt, the standby promoted); every push applied once on every shard."""
+    config = tiny(workers=3, servers=2, epochs=8.0, time_scale=0.002, server_timeout=3.0)
+    actions = [(8, "blink:shard:1"), (16, "pause:standby:0"), (40, "pause:shard:1"),
+               (64, "pause:shard:0")]  # fmt: skip
+    runner, done = run_with_pauses(config, tmp_path / "run", actions)
+    assert [what for _, what in done.done] == [what for _, what in actions], done.done
+    dist = faults.check_every_shard(runner, steps=8 * 32, resent=True)
+    assert [r["shard"] for r in dist["shards_rebuilt"]] == [1]
+    assert (
+        len(dist["promotions"]) == 1 and dist["standbys_rebuilt"]
+    )  # (1 or 2: the run may end first)
+    print(json.dumps({k: dist[k] for k in ("shards_rebuilt", "promotions", "standbys_rebuilt")}))
+
+
+@pytest.mark.ray
+@needs_ray
+def test_a_hung_head_without_a_standby_ends_the_run_with_exit_4(local_ray, tmp_path):
+    config = tiny(workers=2, servers=1, epochs=4.0, time_scale=0.002, server_timeout=3.0,
+                  standby=False)  # fmt: skip
+
+    class Pause(Pauses):
+        def update(self, steps: int, loss: float) -> None:
+            if self.actions and steps >= self.actions[0][0]:
+                self.actions.pop(0)
+                head = self.runner.shards.servers[0]
+                pid = ray.get(head.__ray_call__.remote(lambda self: os.getpid()))
+                os.kill(pid, signal.SIGSTOP)
+                self.done.append((steps, "pause:shard:0"))
+
+    started = time.time()
+    with pytest.raises(FaultError, match="shard 0 was lost.*no standby.*--resume"):
+        run_on_ray(config, tmp_path / "run", lambda runner: Pause(runner, [(20, "pause")]))
+    assert time.time() - started < 120
