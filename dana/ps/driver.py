@@ -72,6 +72,7 @@ from dana.ps.layout import Layout
 from dana.ps.log import LogMerger
 from dana.ps.points import Points
 from dana.ps.worker import Worker
+from dana.train.codecs import push_bytes
 from dana.train.config import TrainConfig
 from dana.train.gate import bounds_staleness
 from dana.train.metrics import Position, summarize
@@ -221,7 +222,12 @@ class RayRun:
             wall,
             end,
             self.wait_time,
+            {"push_bytes": push_bytes(self.config.compress, self.d, self.S, self._value_bytes())},
         )
+
+    def _value_bytes(self) -> int:
+        """Bytes of one parameter of the run's dtype (a push's values, uncompressed)."""
+        return 8 if self.config.dtype == "float64" else 4
 
     def _wall(self) -> float:
         return self.wall_before + time.time() - self.start

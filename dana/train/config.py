@@ -31,6 +31,7 @@ from dana.errors import ConfigError
 from dana.train.backends import check_name
 from dana.train.cluster import check_workers as check_cluster_workers
 from dana.train.cluster import resolve_cluster, timing_of
+from dana.train.codecs import build_codec
 from dana.train.partition import parse_partition
 from dana.train.timing import TIMING_MODELS
 
@@ -86,6 +87,9 @@ class TrainConfig:
     backend: str = "sim"
     address: str | None = None
     servers: int = 1
+    # The codec of the workers' messages on the wire (dana.train.codecs): none, fp16,
+    # bf16, int8, topk:F.
+    compress: str = "none"
     standby: bool = True
     time_scale: float = 0.0
     device: str = "cpu"
@@ -208,6 +212,7 @@ class TrainConfig:
                 f"into shards; use {flag('servers')} 1"
             )
         _check_algorithm_params(self.algorithm, self.algorithm_params)
+        build_codec(self.compress, flag("compress"))
         self._check_cluster(backend.cluster_model)
         kind, _ = parse_partition(self.partition)
         if kind != "iid" and not backend.partitions:
@@ -422,6 +427,7 @@ SCHEMA: dict[str, Rule] = {
     "backend": Rule(str),  # a registered runner: checked in validate (dana.train.backends)
     "address": Rule(str, optional=True),
     "servers": Rule(int, low=1),
+    "compress": Rule(str),  # a codec: checked in validate (dana.train.codecs)
     "standby": Rule(bool),
     "time_scale": Rule(float, low=0),
     "device": Rule(str, choices=DEVICES),
