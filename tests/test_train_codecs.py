@@ -53,6 +53,10 @@ def test_payload_bytes_and_determinism(spec, n):
         y = codec.decode(a)
         assert y.dtype == dtype and y.shape == (n,)
         assert torch.equal(y, codec.decode(a.copy()))
+        out = torch.full((n,), 7.0, dtype=dtype)  # a buffer kept across pushes, not zeroed
+        assert codec.decode(a, out) is out and torch.equal(out, y)
+    with pytest.raises(ValueError, match="into"):
+        codec.decode(codec.encode(sample(n)), torch.empty(n + 1))
 
 
 def test_sizes_on_the_wire():

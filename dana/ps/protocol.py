@@ -241,10 +241,11 @@ def apply(server: Any, call: Call) -> Any:
     return server.halt()
 
 
-def message_tensor(message: np.ndarray | Payload) -> torch.Tensor:
-    """A shard's part of a message as the master rule takes it: decoded if encoded."""
+def message_tensor(message: np.ndarray | Payload, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A shard's part of a message as the master rule takes it: decoded if encoded (into
+    ``out`` if given)."""
     if isinstance(message, Payload):
-        return build_codec(message.codec).decode(message)
+        return build_codec(message.codec).decode(message, out)
     return torch.from_numpy(message)
 
 

@@ -110,6 +110,7 @@ class ShardServer:
         self.master = algorithm.master(torch.from_numpy(params), self.k)  # (a copy)
         self._plain_pull = type(self.master).pull is MasterRule.pull  # pull == copy theta
         self._out = None if self._plain_pull else torch.empty_like(self.master.theta)
+        self._decoded: Tensor | None = None
         self.schedule = build_schedule(cfg, batches_per_epoch)
         self.batches_per_epoch = batches_per_epoch
         self.end = end
@@ -191,7 +192,9 @@ class ShardServer:
         lr = self.lr()
         staleness = counts.updates - records.pulled_at[worker]
         gap_sq = self.probes.gap_sq(worker, self.master.gap_reference(), lr)
-        moved = self.master.push(worker, message_tensor(push.message), lr)
+        if self._decoded is None and not isinstance(push.message, np.ndarray):
+            self._decoded = torch.empty_like(self.master.theta)  # (encoded pushes' values)
+        moved = self.master.push(worker, message_tensor(push.message, self._decoded), lr)
         counts.updates += moved
         counts.pushes += 1
         counts.steps += 1

@@ -31,6 +31,7 @@ once, applies the same values. ``topk`` keeps ``ceil(F*n_s)`` of each part's ``n
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,6 +40,9 @@ import torch
 from torch import Tensor
 
 from dana.errors import ConfigError
+
+# A payload from Ray's object store is read-only; the decoders only read it.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 #: Values per scale of ``int8``.
 INT8_BLOCK = 256
@@ -96,7 +100,9 @@ class Codec:
     def encode(self, x: Tensor) -> Payload:
         raise NotImplementedError
 
-    def decode(self, payload: Payload) -> Tensor:
+    def decode(self, payload: Payload, out: Tensor | None = None) -> Tensor:
+        """The values of ``payload``, written into ``out`` if given (``n`` values of the
+        payload's dtype: a buffer kept across pushes spares a fresh allocation)."""
         raise NotImplementedError
 
     def nbytes(self, n: int, value_bytes: int) -> int:
@@ -107,9 +113,17 @@ class Codec:
         """A payload of ``x`` (a CPU tensor) holding ``arrays``."""
         return Payload(self.spec, x.numel(), _dtype_name(x.dtype), arrays)
 
-    def _check(self, payload: Payload) -> None:
+    def _check(self, payload: Payload, out: Tensor | None) -> Tensor:
+        """``out``, or a new tensor for ``payload``'s values."""
         if payload.codec != self.spec:
             raise ValueError(f"a {payload.codec} payload given to the {self.spec} codec")
+        if out is None:
+            return torch.empty(payload.n, dtype=_dtype(payload.dtype))
+        if out.shape != (payload.n,) or out.dtype != _dtype(payload.dtype):
+            raise ValueError(
+                f"decoding {payload.n} {payload.dtype} values into {tuple(out.shape)} {out.dtype}"
+            )
+        return out
 
 
 class NoCodec(Codec):
@@ -120,9 +134,8 @@ class NoCodec(Codec):
     def encode(self, x: Tensor) -> Payload:
         return self._payload(x, _numpy(x).copy())
 
-    def decode(self, payload: Payload) -> Tensor:
-        self._check(payload)
-        return torch.from_numpy(np.array(payload.arrays[0]))
+    def decode(self, payload: Payload, out: Tensor | None = None) -> Tensor:
+        return self._check(payload, out).copy_(_tensor(payload.arrays[0]))
 
     def nbytes(self, n: int, value_bytes: int) -> int:
         return n * value_bytes
@@ -135,14 +148,13 @@ class Fp16(Codec):
     MAX = 65504.0
 
     def encode(self, x: Tensor) -> Payload:
-        half = x.to(torch.float16)
-        if half.isinf().any():  # (beyond the range: saturate, as a pass of its own)
-            half = x.clamp(-self.MAX, self.MAX).to(torch.float16)
-        return self._payload(x, half.numpy())
+        low, high = torch.aminmax(x) if x.numel() else (x.new_zeros(()), x.new_zeros(()))
+        if low < -self.MAX or high > self.MAX:  # (beyond the range: saturate)
+            x = x.clamp(-self.MAX, self.MAX)
+        return self._payload(x, x.to(torch.float16).numpy())
 
-    def decode(self, payload: Payload) -> Tensor:
-        self._check(payload)
-        return torch.from_numpy(np.array(payload.arrays[0])).to(_dtype(payload.dtype))
+    def decode(self, payload: Payload, out: Tensor | None = None) -> Tensor:
+        return self._check(payload, out).copy_(_tensor(payload.arrays[0]))
 
     def nbytes(self, n: int, value_bytes: int) -> int:
         return 2 * n
@@ -156,10 +168,9 @@ class Bf16(Codec):
     def encode(self, x: Tensor) -> Payload:
         return self._payload(x, x.to(torch.bfloat16).view(torch.int16).numpy())
 
-    def decode(self, payload: Payload) -> Tensor:
-        self._check(payload)
-        bits = torch.from_numpy(np.array(payload.arrays[0]))
-        return bits.view(torch.bfloat16).to(_dtype(payload.dtype))
+    def decode(self, payload: Payload, out: Tensor | None = None) -> Tensor:
+        out = self._check(payload, out)
+        return out.copy_(_tensor(payload.arrays[0]).view(torch.bfloat16))
 
     def nbytes(self, n: int, value_bytes: int) -> int:
         return 2 * n
@@ -186,13 +197,16 @@ class Int8(Codec):
         codes = torch.round(padded / divisor[:, None]).clamp_(-127, 127).to(torch.int8)
         return self._payload(x, codes.view(-1)[:n].numpy(), scale.numpy())
 
-    def decode(self, payload: Payload) -> Tensor:
-        self._check(payload)
-        n, b, dtype = payload.n, self.block, _dtype(payload.dtype)
-        scale = torch.from_numpy(np.array(payload.arrays[1])).to(dtype)
-        out = torch.zeros(scale.numel() * b, dtype=dtype)
-        out[:n] = torch.from_numpy(np.array(payload.arrays[0]))
-        return out.view(-1, b).mul_(scale[:, None]).view(-1)[:n]
+    def decode(self, payload: Payload, out: Tensor | None = None) -> Tensor:
+        out = self._check(payload, out)
+        n, b = payload.n, self.block
+        scale = _tensor(payload.arrays[1]).to(out.dtype)
+        out.copy_(_tensor(payload.arrays[0]))
+        full = n // b
+        out[: full * b].view(full, b).mul_(scale[:full, None])
+        if full * b < n:
+            out[full * b :].mul_(scale[full])
+        return out
 
     def nbytes(self, n: int, value_bytes: int) -> int:
         return n + 4 * -(-n // self.block)
@@ -223,12 +237,9 @@ class TopK(Codec):
         index = np.sort(np.argpartition(np.abs(values), n - k)[n - k :]).astype(np.int32)
         return self._payload(x, index, values[index])
 
-    def decode(self, payload: Payload) -> Tensor:
-        self._check(payload)
-        index = torch.from_numpy(np.array(payload.arrays[0])).to(torch.int64)
-        values = torch.from_numpy(np.array(payload.arrays[1]))
-        out = torch.zeros(payload.n, dtype=_dtype(payload.dtype))
-        out[index] = values
+    def decode(self, payload: Payload, out: Tensor | None = None) -> Tensor:
+        out = self._check(payload, out).zero_()
+        out[_tensor(payload.arrays[0]).to(torch.int64)] = _tensor(payload.arrays[1])
         return out
 
     def nbytes(self, n: int, value_bytes: int) -> int:
@@ -282,27 +293,37 @@ class Wire:
     ):
         self.codec, self.d, self.dtype = codec, d, dtype
         self.bounds = part_bounds(d, servers)
+        self.buffer = torch.empty(d, dtype=dtype)  # (decoded pushes: one allocation)
         self.residual = (
             _padded_zeros(workers, d, dtype).to(device) if codec.error_feedback else None
         )
 
     def encode(self, i: int, message: Tensor) -> list[Payload]:
         """Worker ``i``'s message as one payload per shard (``message`` is not changed)."""
+        return self._encode(i, message)[0]
+
+    def _encode(self, i: int, message: Tensor) -> tuple[list[Payload], Tensor | None]:
+        """The payloads, and with error feedback their decoded values (:meth:`decode`)."""
         if self.residual is None:
-            return [self.codec.encode(message[lo:hi].cpu()) for lo, hi in self.bounds]
+            return [self.codec.encode(message[lo:hi].cpu()) for lo, hi in self.bounds], None
         corrected = torch.add(message, self.residual[i])
         payloads = [self.codec.encode(corrected[lo:hi].cpu()) for lo, hi in self.bounds]
-        sent = self.decode(payloads).to(corrected.device)
-        torch.sub(corrected, sent, out=self.residual[i])
-        return payloads
+        sent = self.decode(payloads)
+        torch.sub(corrected, sent.to(corrected.device), out=self.residual[i])
+        return payloads, sent
 
     def decode(self, payloads: list[Payload]) -> Tensor:
-        parts = [self.codec.decode(p) for p in payloads]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        """The values of a whole push's payloads, in a buffer kept across calls (valid
+        until the next call: copy it to keep it)."""
+        for (lo, hi), payload in zip(self.bounds, payloads, strict=True):
+            self.codec.decode(payload, self.buffer[lo:hi])
+        return self.buffer
 
     def round_trip(self, i: int, message: Tensor) -> Tensor:
-        """What the servers apply of worker ``i``'s ``message``."""
-        return self.decode(self.encode(i, message)).to(message.device)
+        """What the servers apply of worker ``i``'s ``message`` (valid until the next
+        call, as :meth:`decode`'s)."""
+        payloads, sent = self._encode(i, message)
+        return (self.decode(payloads) if sent is None else sent).to(message.device)
 
     def push_bytes(self, value_bytes: int) -> tuple[int, int]:
         """The bytes of one push on the wire, all shards, and of its largest part."""
@@ -338,6 +359,11 @@ def push_bytes(spec: str, d: int, servers: int, value_bytes: int) -> int:
 def _padded_zeros(workers: int, d: int, dtype: torch.dtype) -> Tensor:
     per_line = max(1, 64 // torch.empty((), dtype=dtype).element_size())
     return torch.zeros(workers, -(-d // per_line) * per_line, dtype=dtype)[:, :d]
+
+
+def _tensor(array: np.ndarray) -> Tensor:
+    """A tensor over ``array``'s memory, only ever read (Ray's arrays are read-only)."""
+    return torch.from_numpy(array)
 
 
 def _numpy(x: Tensor) -> np.ndarray:
