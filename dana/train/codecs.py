@@ -194,7 +194,7 @@ class Int8(Codec):
         absmax = torch.linalg.vector_norm(padded, ord=math.inf, dim=1)
         scale = (absmax / 127).to(torch.float32)
         divisor = scale.to(x.dtype).where(scale > 0, torch.ones((), dtype=x.dtype))
-        codes = torch.round(padded / divisor[:, None]).clamp_(-127, 127).to(torch.int8)
+        codes = torch.div(padded, divisor[:, None]).round_().clamp_(-127, 127).to(torch.int8)
         return self._payload(x, codes.view(-1)[:n].numpy(), scale.numpy())
 
     def decode(self, payload: Payload, out: Tensor | None = None) -> Tensor:
