@@ -18,7 +18,8 @@ them here as numbered :class:`~dana.ps.protocol.Call` s, :meth:`relayed`):
   after a crash, a resume); the reply tells it the sequence number of its last push
   this server applied and how often it has joined.
 - ``push(push) -> Status``: apply the message (``master.push`` at the current learning
-  rate; an encoded one decoded first: ``--compress``, :mod:`dana.train.codecs`). Pushes are idempotent: a push whose ``seq`` is not above the last one applied
+  rate; an encoded one decoded first: ``--compress``, :mod:`dana.train.codecs`).
+  Pushes are idempotent: a push whose ``seq`` is not above the last one applied
   for that worker is acknowledged as ``"duplicate"`` and not applied again. After the
   run's last step every push is answered ``"stop"`` and not applied. ``message=None`` is
   a local step: counted as a step, nothing applied. ``offset`` (the worker rule's

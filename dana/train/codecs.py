@@ -293,7 +293,7 @@ class Wire:
     ):
         self.codec, self.d, self.dtype = codec, d, dtype
         self.bounds = part_bounds(d, servers)
-        self.buffer = torch.empty(d, dtype=dtype)  # (decoded pushes: one allocation)
+        self.buffer: Tensor | None = None  # (decoded pushes: one allocation, at the first)
         self.residual = (
             _padded_zeros(workers, d, dtype).to(device) if codec.error_feedback else None
         )
@@ -315,6 +315,8 @@ class Wire:
     def decode(self, payloads: list[Payload]) -> Tensor:
         """The values of a whole push's payloads, in a buffer kept across calls (valid
         until the next call: copy it to keep it)."""
+        if self.buffer is None:
+            self.buffer = torch.empty(self.d, dtype=self.dtype)
         for (lo, hi), payload in zip(self.bounds, payloads, strict=True):
             self.codec.decode(payload, self.buffer[lo:hi])
         return self.buffer
