@@ -273,3 +273,17 @@ def test_payload_is_plain_data():
     q = p.copy()
     q.arrays[0][0] = 99
     assert p.arrays[0][0] != 99
+
+
+@pytest.mark.parametrize("spec", CODECS)
+def test_read_only_payloads_decode(spec):
+    """A payload from Ray's object store is read-only: the decoders read it in place
+    (no copy, no write), into a fresh tensor or a kept buffer."""
+    codec = build_codec(spec)
+    x = sample(777)
+    payload = codec.encode(x)
+    for a in payload.arrays:
+        a.setflags(write=False)
+    y = codec.decode(payload)
+    assert torch.equal(y, codec.decode(codec.encode(x)))
+    assert torch.equal(codec.decode(payload, torch.empty(777)), y)
