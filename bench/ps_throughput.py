@@ -29,6 +29,12 @@ store's pages are touched for the first time during the warm-up).
   the standby and the other shards, keeps their recovery snapshots, taken once a second,
   and trims the logs to them). Measured in the order without, with, with, without, so
   that a drift of the machine's load weighs on both alike.
+- codecs: dana with each codec of ``--compress`` (:mod:`dana.train.codecs`) at the large
+  size, 4 workers, one shard: pushes per second at the server (each worker sends its
+  message encoded once, beforehand, as the plain rows send a precomputed message: the
+  server decodes every push), the bytes of a push, and the encode and decode times of
+  one message in this process on one thread (``torch.set_num_threads(1)``: a worker's
+  cost per push, and the server's decode).
 
 Sizes: d = 272,474 (ResNet-20 with projection shortcuts: 65 tensors) and d = 25,557,032
 (ResNet-50: 161 tensors); the example's model has those tensor shapes. Then dana with
@@ -38,11 +44,12 @@ sampled at every push; and ``VmHWM``, the peak resident size, which also counts 
 object store's shared pages the process read) with dana-slim at k = 1 and k = 8. The
 standby's rows are at d = 272,474 with 4 workers and ``--servers`` 1 and 2.
 
-Run: ``python bench/ps_throughput.py`` (about 5 minutes on 2 cores, and 2 more for the
-standby's rows; ``--quick`` for a
+Run: ``python bench/ps_throughput.py`` (about 5 minutes on 2 cores, 2 more for the
+standby's rows and 1 for the codecs'; ``--quick`` for a
 smoke run; ``--smoke``: a tiny model in seconds, to check the script runs;
 ``--standby``: the standby's rows only, whose last line is ``standby with/without S=1
-R1, S=2 R2``). The last line is dana's throughput over the example's at d = 25,557,032 with
+R1, S=2 R2``; ``--codecs``: the codecs' rows only, whose last line is ``codecs
+pushes/s vs none: fp16 R, ...``). The last line is dana's throughput over the example's at d = 25,557,032 with
 4 workers:
 
     throughput vs ray example R
@@ -74,6 +81,7 @@ from dana.ps.layout import Layout  # noqa: E402
 from dana.ps.link import ServerLink  # noqa: E402
 from dana.ps.protocol import Pulled, Push, split  # noqa: E402
 from dana.ps.shard import ShardServer  # noqa: E402
+from dana.train.codecs import Wire, build_codec  # noqa: E402
 from dana.train.config import TrainConfig  # noqa: E402
 
 SMALL, LARGE = 272_474, 25_557_032
@@ -239,6 +247,17 @@ class BenchWorker:
         self.offset = np.zeros(d, np.float32)
         self.model: LayerModel | None = None
         self.gradients: list[np.ndarray] = []
+        self.sent: Any = self.message  # what a push carries (encoded: :meth:`encode`)
+
+    def encode(self, spec: str, servers: int) -> int:
+        """Send the message through codec ``spec`` (encoded once, here: its payloads);
+        the bytes of a push."""
+        if spec == "none":
+            self.sent = self.message
+            return self.message.nbytes
+        wire = Wire(build_codec(spec), 1, len(self.message), servers)
+        self.sent = wire.encode(0, torch.from_numpy(self.message))
+        return sum(p.nbytes for p in self.sent)
 
     def connect(
         self, servers: list[Any], d: int, worker: int, seed: int, head: str | None = None
@@ -259,7 +278,7 @@ class BenchWorker:
         while time.perf_counter() < deadline:
             seq += 1
             offset = self.offset if offsets else None
-            self.link.exchange(Push(self.worker, seq, self.message, 0.0, offset))
+            self.link.exchange(Push(self.worker, seq, self.sent, 0.0, offset))
         return seq
 
     def setup_example(self, shapes: list[tuple[int, ...]]) -> None:
@@ -474,6 +493,53 @@ def measure_standby(
     return ratios
 
 
+#: The codecs measured (``--compress``).
+BENCH_CODECS = ("none", "fp16", "bf16", "int8", "topk:0.01")
+
+
+def codec_seconds(spec: str, d: int, repeats: int) -> tuple[float, float]:
+    """The median encode and decode times of one message of ``d`` float32 through codec
+    ``spec``, here, on one thread (decoded into a buffer, as a shard does)."""
+    codec = build_codec(spec)
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal(d, dtype=np.float32))
+    out = torch.zeros(d)  # (a shard decodes into a buffer it keeps: so here)
+    encode, decode = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        payload = codec.encode(x)
+        middle = time.perf_counter()
+        codec.decode(payload, out)
+        encode.append(middle - start)
+        decode.append(time.perf_counter() - middle)
+    return statistics.median(encode), statistics.median(decode)
+
+
+def measure_codecs(workers: list[Any], d: int, warm: float, window: float, repeats: int) -> str:
+    """The codecs' rows at ``d`` with ``workers``, one shard; the summary line."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rates = {}
+    (server,) = dana_servers(d, len(workers), 1)  # (one for every codec: it decodes any)
+    for spec in BENCH_CODECS:
+        encode, decode = codec_seconds(spec, d, repeats)
+        nbytes = ray.get([w.encode.remote(spec, 1) for w in workers])[0]
+        ours = measure_dana(workers, [server], d, warm, window)
+        rates[spec] = ours["rate"]
+        print(
+            f"codec {spec:9s} d={d} k={len(workers)}: dana {ours['rate']:7.1f} pushes/s | "
+            f"{nbytes:,} bytes a push ({nbytes / (4 * d):.3f} of float32) | encode "
+            f"{1e3 * encode:8.1f} ms, decode {1e3 * decode:7.1f} ms (one thread) | server "
+            f"handler {1e3 * ours['handler']:.1f} ms a push",
+            flush=True,
+        )
+    ray.kill(server)
+    ray.get([w.encode.remote("none", 1) for w in workers])
+    torch.set_num_threads(threads)
+    return "codecs pushes/s vs none: " + ", ".join(
+        f"{spec} {rates[spec] / rates['none']:.2f}" for spec in BENCH_CODECS[1:]
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short windows (a smoke run)")
@@ -489,6 +555,12 @@ def main() -> None:
         action="store_true",
         help="only the standby's rows (d = 272,474, 4 workers, 1 and 2 shards; about 2 "
         "minutes); the last line: with/without per shard count",
+    )
+    parser.add_argument(
+        "--codecs",
+        action="store_true",
+        help="only the codecs' rows (d = 25,557,032, 4 workers, one shard; about a "
+        "minute); the last line: each codec's pushes per second over none's",
     )
     args = parser.parse_args()
     window = args.window or (0.3 if args.smoke else 2.0 if args.quick else 5.0)
@@ -508,6 +580,12 @@ def main() -> None:
         _system_config=local_system_config(),
     )
     print(f"{os.cpu_count()} CPU cores; warm-up {warm} s, window {window} s per measurement")
+    if args.codecs:
+        workers = [BenchWorker.remote(large, seed) for seed in range(ratio_k)]
+        line = measure_codecs(workers, large, warm, window, 1 if args.smoke else 3)
+        ray.shutdown()
+        print(line)
+        return
     if args.standby:
         workers = [BenchWorker.remote(standby_d, seed) for seed in range(ratio_k)]
         ratios = measure_standby(workers, standby_d, shard_counts[:2], warm, window)
@@ -572,6 +650,9 @@ def main() -> None:
                 ray.kill(server)
             lo, hi = memory_ks
             print(f"memory growth k={lo} -> k={hi}: {100 * (peaks[hi] / peaks[lo] - 1):+.1f}%")
+            print("")
+            repeats = 1 if args.smoke else 3
+            print(measure_codecs(workers[:ratio_k], d, warm, window, repeats), flush=True)
         for w in workers:
             ray.kill(w)
     ours, theirs = results[(large, ratio_k)]

@@ -91,11 +91,14 @@ def make_simulator(
     seed: int = 0,
     weight_decay: float = 0.0,
     measure_gap: bool = True,
+    compress: str = "none",
+    servers: int = 1,
     **hparams,
 ) -> Simulator:
     """A simulator of ``algorithm`` (a name, or an Algorithm) on a least-squares problem.
 
-    The parameters start at zero; ``hparams`` go to :func:`dana.algorithms.build`.
+    The parameters start at zero; ``hparams`` go to :func:`dana.algorithms.build`;
+    ``compress`` and ``servers``: the codec of the pushes and the shards it encodes.
     """
     problem = problem or make_least_squares()
     if isinstance(algorithm, str):
@@ -112,6 +115,8 @@ def make_simulator(
         timing_params=timing_params,
         seed=seed,
         measure_gap=measure_gap,
+        compress=compress,
+        servers=servers,
     )
 
 

@@ -219,15 +219,20 @@ def test_non_elementwise_algorithms_are_not_sharded():
         tiny(algorithm="dana-easgd", servers=2).validate()
 
 
-def serve_as_the_simulator(name: str, workers: int, servers: int, steps: int) -> None:
+def serve_as_the_simulator(
+    name: str, workers: int, servers: int, steps: int, compress: str = "none"
+) -> None:
     """Drive ``name`` through the parameter servers' path, one worker rule per worker as
     :class:`dana.ps.worker.Worker` holds it, in the event order the simulator takes (the
     same timing model, seed and batch stream as :func:`conftest.make_simulator`'s), and
     assert that every shard's parameters equal the simulator's after ``steps`` gradient
-    computations."""
+    computations. ``compress``: both through that codec, each worker encoding its
+    shards' parts as :class:`dana.ps.worker.Worker` does, each shard decoding its own."""
     from conftest import make_least_squares, make_simulator
 
+    from dana.ps.protocol import split
     from dana.train.batches import BatchStream
+    from dana.train.codecs import Wire, build_codec
     from dana.train.step import WorkerStep
     from dana.train.timing import build_timing
 
@@ -235,9 +240,11 @@ def serve_as_the_simulator(name: str, workers: int, servers: int, steps: int) ->
     config = TrainConfig(
         algorithm=name, workers=workers, servers=servers, lr=0.01, warmup_epochs=0,
         lr_decay_epochs=[], weight_decay=1e-3, dataset="synthetic", backend="ray",
+        compress=compress,
     ).validate()  # fmt: skip
     sim = make_simulator(config.build_algorithm(), workers, problem, lr=0.01, batch_size=8,
-                         seed=3, weight_decay=1e-3, measure_gap=False)  # fmt: skip
+                         seed=3, weight_decay=1e-3, measure_gap=False, compress=compress,
+                         servers=servers)  # fmt: skip
     sim.run(pushes=steps)
 
     algorithm = config.build_algorithm()
@@ -249,6 +256,9 @@ def serve_as_the_simulator(name: str, workers: int, servers: int, steps: int) ->
         for s, (lo, hi) in enumerate(bounds)
     ]  # fmt: skip
     rules = [algorithm.worker(1, problem.d, torch.float64) for _ in range(workers)]
+    codec = build_codec(compress)
+    wires = [Wire(codec, 1, problem.d, servers, torch.float64) for _ in range(workers)]
+    layout = Layout(problem.d, servers, 0)
     steppers = [WorkerStep(rule, problem.gradient, 1e-3) for rule in rules]
     batches, timing = BatchStream(problem.n, 8, seed=3), build_timing("gamma", workers, seed=3)
     seq, lr = [0] * workers, [0.0] * workers
@@ -264,11 +274,11 @@ def serve_as_the_simulator(name: str, workers: int, servers: int, steps: int) ->
         grad, loss = steppers[i].gradient(0, params, batch)
         message = steppers[i].message(0, grad, lr[i])
         seq[i] += 1
-        pieces = [None] * servers if message is None else [message[lo:hi] for lo, hi in bounds]
+        if message is not None:  # (the worker's Push: encoded with a codec, as it sends it)
+            message = message.numpy() if codec.name == "none" else wires[i].encode(0, message)
         expected = LOCAL if message is None else APPLIED
-        for shard, piece in zip(shards, pieces):
-            push = Push(i, seq[i], None if piece is None else piece.numpy(), loss)
-            assert shard.push(push) == expected
+        for shard, part in zip(shards, split(Push(i, seq[i], message, loss), layout)):
+            assert shard.push(part) == expected
         return message is not None
 
     state = {}
@@ -303,6 +313,17 @@ def test_every_algorithm_on_the_servers_is_the_simulator(name):
     serve_as_the_simulator(name, workers=3, servers=1, steps=120)
     if algorithms.ALGORITHMS[name].elementwise:
         serve_as_the_simulator(name, workers=3, servers=2, steps=120)
+
+
+@pytest.mark.parametrize("compress", ["fp16", "bf16", "int8", "topk:0.3"])
+@pytest.mark.parametrize("name", ["asgd", "dana-slim", "local-sgd", "ssgd"])
+def test_a_codec_on_the_servers_is_the_simulators(name, compress):
+    """docs/DISTRIBUTED.md, "Compressed pushes": the workers encode each shard's part of
+    their messages and the shards decode them, as the simulator does on one machine: in
+    the same order of events the same run, bit for bit, on one shard and on two (topk's
+    residual included: each worker's, kept across its pushes)."""
+    serve_as_the_simulator(name, workers=3, servers=1, steps=120, compress=compress)
+    serve_as_the_simulator(name, workers=3, servers=2, steps=120, compress=compress)
 
 
 # -- real runs on a local Ray -------------------------------------------------------------
@@ -481,6 +502,22 @@ def test_two_server_shards(ray_run, algorithm):
     else:
         assert abs(two.summary["mean_staleness"] - one.summary["mean_staleness"]) < 2
         assert two.rows[-1]["test_loss"] < 1.5 * one.rows[-1]["test_loss"]
+
+
+@pytest.mark.ray
+@requires_ray
+def test_compressed_pushes_on_two_shards(ray_run):
+    """topk with error feedback over two shards on Ray: the payloads cross Ray and the
+    relay (shard 0 keeps copies for its standby), every push is applied once, the run
+    learns, and the summary records the codec and the bytes of a push."""
+    run = ray_run(algorithm="dana-slim", workers=3, servers=2, compress="topk:0.1")
+    dist = check_accounting(run)
+    assert len(dist["shards"]) == 2
+    assert run.rows[-1]["test_loss"] < 0.75 * run.rows[0]["test_loss"]
+    assert run.summary["compress"] == "topk:0.1"
+    d = run.d  # (ceil(0.1 * n_s) of each shard's n_s values: 4 bytes of index, 4 of value)
+    assert run.summary["push_bytes"] == sum(8 * math.ceil(0.1 * (hi - lo)) for lo, hi in
+                                            shard_bounds(d, 2))  # fmt: skip
 
 
 @pytest.mark.ray

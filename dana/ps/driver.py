@@ -74,6 +74,7 @@ from dana.ps.membership import Membership, write_members
 from dana.ps.points import Points
 from dana.ps.worker import Worker
 from dana.train import preempt
+from dana.train.codecs import push_bytes
 from dana.train.config import TrainConfig
 from dana.train.gate import bounds_staleness
 from dana.train.metrics import Position, summarize
@@ -233,6 +234,7 @@ class RayRun:
             wall,
             end,
             self.wait_time,
+            {"push_bytes": push_bytes(self.config.compress, self.d, self.S, self._value_bytes())},
         )
 
     @property
@@ -240,6 +242,10 @@ class RayRun:
         """The servers' time 0 of training (earlier by the training time before a
         resume): an emulated cluster's model time 0."""
         return self.start - self.wall_before
+
+    def _value_bytes(self) -> int:
+        """Bytes of one parameter of the run's dtype (a push's values, uncompressed)."""
+        return 8 if self.config.dtype == "float64" else 4
 
     def _wall(self) -> float:
         return self.wall_before + time.time() - self.start

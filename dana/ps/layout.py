@@ -22,21 +22,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from dana.train.codecs import part_bounds
+
 #: The most coordinates on which the gap is measured.
 GAP_PROBES = 16384
 
 
 def shard_bounds(d: int, servers: int) -> list[tuple[int, int]]:
-    """``servers`` contiguous ``[lo, hi)`` ranges covering ``range(d)``, sizes within one."""
-    if servers < 1 or servers > d:
-        raise ValueError(f"cannot split {d} parameters into {servers} shards")
-    size, extra = divmod(d, servers)
-    bounds, lo = [], 0
-    for s in range(servers):
-        hi = lo + size + (s < extra)
-        bounds.append((lo, hi))
-        lo = hi
-    return bounds
+    """``servers`` contiguous ``[lo, hi)`` ranges covering ``range(d)``, sizes within one
+    (the floor's :func:`~dana.train.codecs.part_bounds`, which the simulator's codec
+    also cuts a message by)."""
+    return part_bounds(d, servers)
 
 
 class Layout:

@@ -36,8 +36,10 @@ meets a server's methods.
 
 A push is one :class:`Push` record: the worker's message, its loss, its rule's
 ``theta_offset`` and the model's buffers. :func:`split` cuts it into the shards' parts;
-it is where a codec of the message would sit (the worker encoding each part, the shard
-decoding it in ``push``).
+with a codec (``--compress``, :mod:`dana.train.codecs`) the worker encodes each shard's
+part itself (its message is then a list of :class:`~dana.train.codecs.Payload`, one per
+shard, which :func:`split` hands out) and each shard decodes its own in ``push``
+(:func:`message_tensor`).
 """
 
 from __future__ import annotations
@@ -48,8 +50,10 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 import numpy as np
+import torch
 
 from dana.ps.layout import Layout
+from dana.train.codecs import Payload, build_codec
 
 
 class _Named(str, Enum):
@@ -94,7 +98,9 @@ class Method(_Named):
 class Push:
     """A worker's push (to one shard: its part of it).
 
-    ``message``: the worker rule's message (``None``: a local step); ``seq``: the push's
+    ``message``: the worker rule's message (``None``: a local step; with a codec, its
+    :class:`~dana.train.codecs.Payload`, or the whole push's list of them, one per
+    shard, before :func:`split`); ``seq``: the push's
     number (each worker numbers its pushes 1, 2, 3, ...); ``loss``: at the computed
     batch; ``offset``: the rule's ``theta_offset(1.0)`` (the worker's whole vector, or a
     shard's probe coordinates of it: :func:`split`), to measure the gap against the
@@ -102,16 +108,17 @@ class Push:
 
     worker: int
     seq: int
-    message: np.ndarray | None
+    message: np.ndarray | Payload | list[Payload] | None
     loss: float = math.nan
     offset: np.ndarray | None = None
     buffers: dict[str, np.ndarray] | None = None
 
     def copy(self) -> Push:
         """The same push owning its arrays (a log keeps it after the sender's are gone)."""
+        message = self.message
         return replace(
             self,
-            message=_copy(self.message),
+            message=message.copy() if isinstance(message, Payload) else _copy(message),
             offset=_copy(self.offset),
             buffers=None
             if self.buffers is None
@@ -121,14 +128,19 @@ class Push:
     @property
     def nbytes(self) -> int:
         arrays = [self.message, self.offset, *(self.buffers or {}).values()]
-        return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+        return sum(a.nbytes for a in arrays if isinstance(a, np.ndarray | Payload))
 
 
 def split(push: Push, layout: Layout) -> list[Push]:
     """Each shard's part of ``push`` (a worker's, over the whole vector): its slice of the
     message (a view) and the probe coordinates of its slice of the offset; the loss and
-    the buffers go to shard 0 alone."""
-    message = None if push.message is None else layout.split(push.message)
+    the buffers go to shard 0 alone. A message encoded already (a list of payloads, one
+    per shard) is handed out as it is."""
+    message = push.message
+    if isinstance(message, np.ndarray):
+        message = layout.split(message)
+    elif message is not None and len(message) != layout.servers:
+        raise ValueError(f"a push of {len(message)} payloads to {layout.servers} shards")
     parts = []
     for s, (lo, hi) in enumerate(layout.bounds):
         offset = None if push.offset is None else push.offset[lo:hi][layout.probes[s]]
@@ -247,6 +259,14 @@ def apply(server: Any, call: Call) -> Any:
     if call.method is Method.MEMBER:
         return server.member(call.arg.worker, call.arg.join)
     return server.halt()
+
+
+def message_tensor(message: np.ndarray | Payload, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A shard's part of a message as the master rule takes it: decoded if encoded (into
+    ``out`` if given)."""
+    if isinstance(message, Payload):
+        return build_codec(message.codec).decode(message, out)
+    return torch.from_numpy(message)
 
 
 def _copy(array: np.ndarray | None) -> np.ndarray | None:

@@ -18,7 +18,8 @@ them here as numbered :class:`~dana.ps.protocol.Call` s, :meth:`relayed`):
   after a crash, a resume); the reply tells it the sequence number of its last push
   this server applied and how often it has joined.
 - ``push(push) -> Status``: apply the message (``master.push`` at the current learning
-  rate). Pushes are idempotent: a push whose ``seq`` is not above the last one applied
+  rate; an encoded one decoded first: ``--compress``, :mod:`dana.train.codecs`).
+  Pushes are idempotent: a push whose ``seq`` is not above the last one applied
   for that worker is acknowledged as ``"duplicate"`` and not applied again. After the
   run's last step every push is answered ``"stop"`` and not applied. ``message=None`` is
   a local step: counted as a step, nothing applied. ``offset`` (the worker rule's
@@ -53,7 +54,7 @@ from torch import Tensor
 from dana.algorithms.base import Algorithm, MasterRule
 from dana.ps.layout import Layout
 from dana.ps.log import ShardLog
-from dana.ps.protocol import Call, Exchanged, Pulled, Push, Role, Status, apply
+from dana.ps.protocol import Call, Exchanged, Pulled, Push, Role, Status, apply, message_tensor
 from dana.ps.records import Counts, GapProbes, WorkerRecords
 from dana.ps.recovery import SNAPSHOT_SECONDS
 from dana.ps.snapshots import Snapshots
@@ -112,6 +113,7 @@ class ShardServer:
         self.master = algorithm.master(torch.from_numpy(params), k_max)  # (a copy)
         self._plain_pull = type(self.master).pull is MasterRule.pull  # pull == copy theta
         self._out = None if self._plain_pull else torch.empty_like(self.master.theta)
+        self._decoded: Tensor | None = None
         self.schedule = build_schedule(cfg, batches_per_epoch)
         self.batches_per_epoch = batches_per_epoch
         self.end = end
@@ -196,7 +198,9 @@ class ShardServer:
         lr = self.lr()
         staleness = counts.updates - records.pulled_at[worker]
         gap_sq = self.probes.gap_sq(worker, self.master.gap_reference(), lr)
-        moved = self.master.push(worker, torch.from_numpy(push.message), lr)
+        if self._decoded is None and not isinstance(push.message, np.ndarray):
+            self._decoded = torch.empty_like(self.master.theta)  # (encoded pushes' values)
+        moved = self.master.push(worker, message_tensor(push.message, self._decoded), lr)
         counts.updates += moved
         counts.pushes += 1
         counts.steps += 1

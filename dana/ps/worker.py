@@ -16,6 +16,9 @@ own state, e.g. ``dana-slim``'s momentum ``v_i``). One step, as in the simulator
    each local step of a cycle reads the schedule anew, as in the simulator (the
    simulator's rate is the one at the push: they differ only by how far the schedule
    moved during one step);
+   With a codec (``--compress``) the message is encoded here, each shard's part on its
+   own (:class:`~dana.train.codecs.Wire`; ``topk``'s residual is this worker's, kept
+   across its pushes, and starts from zero when its process does, as its rule state);
 3. push the message with the next sequence number and pull in the same round trip
    (``exchange``); ``ssgd``: push, and pull again only in the driver's next round.
 
@@ -57,6 +60,7 @@ from dana.ps.layout import Layout
 from dana.ps.link import ServerLink
 from dana.ps.protocol import Push, Status
 from dana.train.batches import BatchStream
+from dana.train.codecs import Wire, build_codec
 from dana.train.config import TrainConfig
 from dana.train.problem import Problem
 from dana.train.step import WorkerStep
@@ -105,6 +109,8 @@ class Worker:
         # replaced by its standby, found by name (dana.ps.link.find_head).
         layout = Layout(d, self.config.servers, self.config.seed)
         self.link = ServerLink(servers[0], layout, index, dtype)
+        codec = build_codec(self.config.compress)
+        self.wire = None if codec.name == "none" else Wire(codec, 1, d, self.config.servers, dtype)
         self.sends_offset = self.rule.theta_offset(1.0) is not None
         self.has_buffers = any(True for _ in self.problem.flat.module.buffers())
         self.stream: BatchStream | None = None  # created when this process first joins
@@ -210,11 +216,17 @@ class Worker:
             if self.has_buffers and message is not None
             else None
         )
+        # (encoded within the step: its time counts in the emulated step time)
+        sent = (
+            _numpy(message)
+            if self.wire is None or message is None
+            else self.wire.encode(0, message)
+        )
         if self.delay is not None and self.delay.pad(started, batch):
             return self._depart(counts)  # (left before its push was complete: lost)
         self.seq += 1
         counts["sent"] += 1  # pushes sent: the key of dist.json's worker_replies, kept
-        push = Push(self.index, self.seq, _numpy(message), loss, _numpy(offset), buffers)
+        push = Push(self.index, self.seq, sent, loss, _numpy(offset), buffers)
         pause = WAIT_FIRST
         while True:  # (only a bounded run's held push goes round more than once)
             if message is None or not exchange:

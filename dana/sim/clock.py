@@ -75,7 +75,8 @@ class Clock:
         self.sim = sim
         self.k = k
         self.times = StepTimes(cluster["compute"], k, seed, labels)
-        self.network = Network(cluster["network"], k, servers, d, params.element_size())
+        codec = sim.wire.codec if sim.wire is not None else None  # (pushes: payloads' bytes)
+        self.network = Network(cluster["network"], k, servers, d, params.element_size(), codec)
         self.availability = Availability(cluster["availability"], k, seed)
         self.events: list[tuple[float, int, int, int]] = []
         self.generation = [0] * k  # a departure makes a worker's earlier events stale
@@ -239,6 +240,8 @@ class Clock:
         if sim.master.leave(i, sim.lr()):
             sim.updates += 1
         sim.worker_rule.leave(i)
+        if sim.wire is not None:
+            sim.wire.leave(i)  # (its residual is lost with its machine)
         if self.rejoin[i] is not None:
             self._at(self.rejoin[i], JOIN, i)
         if sim.synchronous:

@@ -26,6 +26,7 @@ from dana.sim.compute import auto_batch_workers
 from dana.sim.simulator import Simulator
 from dana.train import preempt
 from dana.train.batches import BatchStream
+from dana.train.codecs import push_bytes
 from dana.train.config import TrainConfig
 from dana.train.metrics import Position, divergence_row, metrics_row, summarize
 from dana.train.problem import Problem
@@ -107,6 +108,7 @@ class SimRun:
             cluster=config.cluster,
             servers=config.servers,
             labels=class_labels(problem.dataset.train_y),
+            compress=config.compress,
         )
         self.rows: list[dict[str, float]] = []
         self.logged = 0  # pushes already summarised in a metrics row
@@ -207,9 +209,14 @@ class SimRun:
         )
 
     def cluster_summary(self) -> dict[str, Any]:
-        """What the summary adds of the cluster (departures, lost work) and of the data
+        """What the summary adds of the wire (the bytes of one push, all shards: the
+        codec's payloads), of the cluster (departures, lost work) and of the data
         behind the applied pushes (each class's count, and the data's: the bias meter)."""
-        sim, extra = self.sim, {}
+        sim, config = self.sim, self.config
+        d, value_bytes = self.problem.flat.d, sim.sent.element_size()
+        extra: dict[str, Any] = {
+            "push_bytes": push_bytes(config.compress, d, config.servers, value_bytes)
+        }
         if self.config.cluster is not None:
             extra["cluster"] = self.config.cluster["name"]
         if sim.clock is not None:

@@ -43,6 +43,12 @@ runs the loop above, bit for bit today's. With per-worker streams of batches
 own part of the data; with ``labels`` the simulator counts each class's examples behind
 the applied pushes (:class:`~dana.train.classmeter.ClassMeter`).
 
+A codec of the pushes (``compress=``, :mod:`dana.train.codecs`): each message, once
+made, is cut into the ``servers`` shards' parts, each encoded and decoded as the Ray
+runtime's workers and shards do, and the master applies the decoded message; with
+error feedback (``topk``) each worker's residual is part of the state. On a cluster a
+push then carries its payload's bytes.
+
 Batched and threaded gradients (``batch_workers=B``, ``threads=N``, with a ``source``):
 an engine of :mod:`dana.sim.compute` computes the due worker's gradient together with
 those of the next in-flight workers (:meth:`Simulator._due`), ahead of their pushes,
@@ -82,6 +88,7 @@ from dana.train.batches import BatchStream
 from dana.train.classmeter import ClassMeter
 from dana.train.cluster import check_workers as check_cluster_workers
 from dana.train.cluster import is_trivial, resolve_cluster, timing_of
+from dana.train.codecs import Wire, build_codec
 from dana.train.gate import StalenessGate, bounds_staleness
 from dana.train.pushlog import PushLog
 from dana.train.schedule import schedule_epoch
@@ -119,7 +126,10 @@ class Simulator:
         cluster: a cluster model (a preset name, a file, or a mapping:
             :mod:`dana.train.cluster`); its compute model replaces ``timing`` (which is
             then given by name). ``None``: today's clock, ``timing`` alone.
-        servers: the parameter-server shards whose links carry the messages.
+        servers: the parameter-server shards whose links carry the messages (and whose
+            parts of a message a codec encodes one by one).
+        compress: the codec of the pushes (``none``, ``fp16``, ``bf16``, ``int8``,
+            ``topk:F``: :func:`dana.train.codecs.build_codec`).
         always_clock: run a cluster's event loop even when the cluster is trivial
             (:func:`~dana.train.cluster.is_trivial`), to check that it then gives the
             loop without a cluster bit for bit.
@@ -150,6 +160,7 @@ class Simulator:
         servers: int = 1,
         labels: Any = None,
         always_clock: bool = False,
+        compress: str = "none",
     ):
         self.algorithm = algorithm
         self.k = check_workers(workers)
@@ -163,6 +174,12 @@ class Simulator:
             check_cluster_workers(cluster, self.k)
             timing, timing_params = timing_of(cluster)
         self.cluster = cluster
+        codec = build_codec(compress, "compress")
+        self.wire = (
+            None
+            if codec.name == "none"
+            else Wire(codec, self.k, params.numel(), servers, params.dtype, params.device)
+        )
         if not weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
         self.schedule = lr if callable(lr) else _constant(lr)
@@ -338,8 +355,12 @@ class Simulator:
         return self.batches.next_for(i) if self.per_worker_batches else self.batches.next()
 
     def _message(self, i: int, grad: Tensor, lr: float) -> Tensor | None:
-        """Worker ``i``'s message for ``grad``, made at ``lr`` (``None``: a local step)."""
-        return self.worker_step.message(i, grad, lr)
+        """Worker ``i``'s message for ``grad``, made at ``lr`` (``None``: a local step), as
+        the master receives it (through the codec, if any)."""
+        message = self.worker_step.message(i, grad, lr)
+        if message is None or self.wire is None:
+            return message
+        return self.wire.round_trip(i, message)
 
     def _push(self, i: int) -> bool:
         """Compute worker ``i``'s gradient and push its message; False for a local step."""
@@ -484,6 +505,7 @@ class Simulator:
             **({"engine": self.engine.state_dict()} if self.engine is not None else {}),
             **({"meter": self.meter.state_dict()} if self.meter is not None else {}),
             **({"clock": self.clock.state_dict()} if self.clock is not None else {}),
+            **({"wire": self.wire.state_dict()} if self.wire is not None else {}),
         }
 
     def _bounded_state(self) -> dict[str, Any]:
@@ -521,6 +543,8 @@ class Simulator:
             self.meter.load_state_dict(state["meter"])
         if self.clock is not None:
             self.clock.load_state_dict(state["clock"])
+        if self.wire is not None:
+            self.wire.load_state_dict(state.get("wire", {}))
         if self.engine is not None:  # (no pending gradients: they are computed again)
             self.engine.load_state_dict(state.get("engine", {}), self.sent.device)
         if self.gate is not None:

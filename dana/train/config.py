@@ -29,6 +29,7 @@ from dana.textfile import parse_mapping, read_text
 from dana.train.backends import check_name
 from dana.train.cluster import check_workers as check_cluster_workers
 from dana.train.cluster import resolve_cluster, timing_of
+from dana.train.codecs import build_codec
 from dana.train.members import check_members
 from dana.train.partition import parse_partition
 from dana.train.timing import TIMING_MODELS
@@ -85,6 +86,9 @@ class TrainConfig:
     backend: str = "sim"
     address: str | None = None
     servers: int = 1
+    # The codec of the workers' messages on the wire (dana.train.codecs): none, fp16,
+    # bf16, int8, topk:F.
+    compress: str = "none"
     standby: bool = True
     server_timeout: float = 60.0
     relay_log_bytes: int = 2 * 1024**3
@@ -207,6 +211,7 @@ class TrainConfig:
             )
         _check_algorithm_params(self.algorithm, self.algorithm_params)
         self._check_dependent_options(backend.processes)
+        build_codec(self.compress, flag("compress"))
         self._check_cluster(backend)
         check_members(self, backend.elastic, self._flag)
         kind, _ = parse_partition(self.partition)
@@ -488,6 +493,7 @@ SCHEMA: dict[str, Rule] = {
     "backend": Rule(str),  # a registered runner: checked in validate (dana.train.backends)
     "address": Rule(str, optional=True),
     "servers": Rule(int, low=1),
+    "compress": Rule(str),  # a codec: checked in validate (dana.train.codecs)
     "standby": Rule(bool),
     "server_timeout": Rule(float, low=0, open_low=True),
     "relay_log_bytes": Rule(int, low=0),

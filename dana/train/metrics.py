@@ -105,6 +105,7 @@ def summarize(
         "dataset": config.dataset,
         "model": config.model,
         "seed": config.seed,
+        "compress": config.compress,
         "final_test_error": last["test_error"],
         "best_test_error": min(errors) if errors else math.nan,
         "final_test_loss": last["test_loss"],

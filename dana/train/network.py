@@ -18,6 +18,10 @@ limit) and ``L_i`` the worker's one-way latency:
 - **pull** answered at ``t``: each shard's egress is a FIFO queue the same way, and the
   worker has the parameters at ``max(free, t + w_i) + L_i``.
 
+With a codec of the pushes (``--compress``, :mod:`dana.train.codecs`) a push is its
+payload's bytes instead: each shard's part encoded on its own, ``b`` their sum and
+``b_s`` the largest (a pull still carries the ``d`` values).
+
 Every shard sees the same arrivals with parts of nearly the same size, so all shards
 keep the same order; a message is complete when its largest part is, and only that
 part's queue is simulated. A worker's own link carries one message at a time (it pushes,
@@ -30,6 +34,7 @@ import math
 from typing import Any
 
 from dana.train.cluster import cycled
+from dana.train.codecs import Codec, part_bounds
 
 #: Bytes a link of 1 Gbit/s carries in one ms (10^9 bits/s).
 BYTES_PER_MS_PER_GBPS = 1e9 / 8 / 1000
@@ -44,27 +49,42 @@ class Network:
     """The links of a cluster and the FIFO queues of the servers' links."""
 
     def __init__(
-        self, network: dict[str, Any], workers: int, servers: int, d: int, value_bytes: float
+        self,
+        network: dict[str, Any],
+        workers: int,
+        servers: int,
+        d: int,
+        value_bytes: float,
+        codec: Codec | None = None,
     ):
         if value_bytes is None or not value_bytes > 0:
             raise ValueError(f"value_bytes must be > 0, got {value_bytes!r}")
         value_bytes = float(network["bytes_per_value"] or value_bytes)
         self.message_bytes = d * value_bytes
         self.part_bytes = math.ceil(d / servers) * value_bytes
+        if codec is None:
+            self.push_bytes, self.push_part_bytes = self.message_bytes, self.part_bytes
+        else:  # each shard's part encoded on its own (the payloads' bytes)
+            sizes = [codec.nbytes(hi - lo, value_bytes) for lo, hi in part_bounds(d, servers)]
+            self.push_bytes, self.push_part_bytes = float(sum(sizes)), float(max(sizes))
         self.latency = [float(cycled(network["latency_ms"], i)) for i in range(workers)]
+        bandwidth, shared = network["bandwidth_gbps"], network["server_bandwidth_gbps"]
         self.worker_ms = [
-            transfer_ms(self.message_bytes, cycled(network["bandwidth_gbps"], i))
-            for i in range(workers)
+            transfer_ms(self.message_bytes, cycled(bandwidth, i)) for i in range(workers)
         ]
-        self.server_ms = transfer_ms(self.part_bytes, network["server_bandwidth_gbps"])
+        self.push_worker_ms = [
+            transfer_ms(self.push_bytes, cycled(bandwidth, i)) for i in range(workers)
+        ]
+        self.server_ms = transfer_ms(self.part_bytes, shared)
+        self.push_server_ms = transfer_ms(self.push_part_bytes, shared)
         self.ingress_free = 0.0  # when the shards' ingress is free again
         self.egress_free = 0.0
 
     def to_server(self, worker: int, arrival: float) -> float:
         """A push whose first bit reaches the servers' links at ``arrival``: when the
         servers have all of it."""
-        self.ingress_free = max(arrival, self.ingress_free) + self.server_ms
-        return max(self.ingress_free, arrival + self.worker_ms[worker])
+        self.ingress_free = max(arrival, self.ingress_free) + self.push_server_ms
+        return max(self.ingress_free, arrival + self.push_worker_ms[worker])
 
     def from_server(self, worker: int, sent: float) -> float:
         """A pull answered at ``sent``: when the worker has all of it."""

@@ -189,6 +189,16 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
         "with --cluster, the shards' links the messages are split over",
     ),
     (
+        "--compress",
+        "compress",
+        str,
+        "the codec of each push on the wire (docs/DISTRIBUTED.md, 'Compressed pushes'): "
+        "none, fp16, bf16, int8 (blocks of 256 values, an absmax scale each) or topk:F "
+        "(the fraction F of largest magnitudes, with error feedback: each worker keeps "
+        "what it did not send and adds it to its next message); pulls are not compressed",
+        {"metavar": "CODEC"},
+    ),
+    (
         "--no-standby",
         "standby",
         None,
