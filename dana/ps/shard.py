@@ -213,6 +213,7 @@ class ShardServer:
             lr=lr,
             time=now - self.clock_zero,
             duration=duration,
+            compute=push.compute,
             updates=counts.updates,
         )
         self._after_step(moved)
