@@ -136,6 +136,25 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_fit_cluster(args: argparse.Namespace) -> int:
+    import yaml
+
+    from dana.atomic import write_text_atomic
+    from dana.errors import DanaError
+    from dana.train.clusterfit import GAP_FACTOR, fit_cluster
+
+    gap = GAP_FACTOR if args.gap_factor is None else args.gap_factor
+    if not (gap > 1 and math.isfinite(gap)):
+        raise DanaError(f"--gap-factor must be a number above 1, got {gap:g}")
+    text = yaml.safe_dump(fit_cluster(args.run, gap), sort_keys=False)
+    if args.out is None:
+        print(text, end="")
+    else:
+        write_text_atomic(args.out, text)
+        print(f"wrote {args.out}: replay it with `dana train --cluster {args.out}`")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dana",
@@ -176,6 +195,24 @@ def build_parser() -> argparse.ArgumentParser:
         description="List the algorithms, one line each, with their hyper-parameters and defaults.",
     )
     p.set_defaults(func=cmd_algorithms)
+
+    p = sub.add_parser(
+        "fit-cluster",
+        formatter_class=HelpFormatter,
+        help="a cluster model fitted to a Ray run's records",
+        description="Fit a cluster model (compute times per worker, link latencies, "
+        "absences) to a finished `dana train --backend ray` run's step_times.csv, for the "
+        "simulator to replay with `dana train --cluster FILE` (docs/USAGE.md).",
+    )
+    p.add_argument("run", metavar="RUN_DIR", help="the Ray run's directory")
+    p.add_argument("--out", default=None, help="the YAML file to write (default: print it)")
+    p.add_argument(
+        "--gap-factor",
+        type=float,
+        default=None,
+        help="a cycle this many times its worker's median is an absence (default: 10)",
+    )
+    p.set_defaults(func=cmd_fit_cluster)
 
     for register in _extra_commands():
         register(sub)

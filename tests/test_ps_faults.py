@@ -299,7 +299,7 @@ def test_the_log_merger_drops_what_a_rebuilt_shard_reports_again():
         for seq in seqs:
             log.append(
                 worker=0, seq=seq, staleness=0, gap_sq=1.0, gap_n=1, loss=0.5, lr=0.1,
-                time=1.0, duration=0.1, updates=seq, members=3,
+                time=1.0, duration=0.1, compute=0.05, updates=seq, members=3,
             )  # fmt: skip
         return log.drain()
 

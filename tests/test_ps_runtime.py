@@ -142,7 +142,7 @@ def test_log_merger_joins_shards_by_push():
         for w, seq, stale, gap_sq, gap_n in rows:
             log.append(
                 worker=w, seq=seq, staleness=stale, gap_sq=gap_sq, gap_n=gap_n, loss=0.5,
-                lr=0.1, time=1.0, duration=0.2, updates=seq, members=3,
+                lr=0.1, time=1.0, duration=0.2, compute=0.1, updates=seq, members=3,
             )  # fmt: skip
         return log.drain()
 

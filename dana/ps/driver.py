@@ -5,8 +5,9 @@
 as the simulator's: ``metrics.csv`` rows at the same points of the data stream
 (:func:`dana.train.metrics.metrics_row`), the same ``summary.json`` keys
 (:func:`dana.train.metrics.summarize`), checkpoints for ``--resume``; and also
-``step_times.csv`` (every push's step time, for the simulator's ``trace`` timing) and
-``dist.json`` (the runtime's counters).
+``step_times.csv`` (every push's cycle, the worker's step time within it and the time
+it was applied: the simulator's ``trace`` timing replays the cycles, ``dana
+fit-cluster`` fits a cluster model to them) and ``dist.json`` (the runtime's counters).
 
 The driver starts ``S`` server shards (the parameters split into contiguous shards;
 shard 0 the head, :mod:`dana.ps.head`, the others :mod:`dana.ps.shard`) and ``k``
@@ -215,9 +216,11 @@ class RayRun:
         if self.points.diverged_at is not None:
             self.rows.append(self.points.divergence_row(wall, self.pushes, sim_time))
             self.run.write_metrics(self.rows)
+        log = self.merger.log
         write_trace(
             self.run.step_times,
-            list(zip(self.merger.log.worker.tolist(), self.merger.durations.tolist())),
+            list(zip(log.worker.tolist(), self.merger.durations.tolist())),
+            {"compute": self.merger.computes.tolist(), "time": log.sim_time.tolist()},
         )
         write_text_atomic(self.run.path / "dist.json", json.dumps(self.counters, indent=2) + "\n")
         write_members(

@@ -4,14 +4,15 @@ Each shard server appends one :class:`ShardLog` entry per push it applies: the w
 the push's sequence number, the staleness the shard counted (its updates between the
 worker's pull of that shard and this push), the gap's sum of squares over the shard's
 probe coordinates and their number, and (meaningful on shard 0, the primary) the loss,
-the learning rate, the time of the push, the worker's step duration and the updates
-applied so far. The driver drains the entries with ``poll`` and a :class:`LogMerger`
+the learning rate, the time of the push, the worker's cycle (the time since its
+previous push was applied, or since its pull: its step and its exchange with the
+servers), the step alone as the worker measured it, and the updates applied so far. The driver drains the entries with ``poll`` and a :class:`LogMerger`
 joins the shards' parts of each push by ``(worker, seq)``:
 
 - staleness: the largest of the shards' counts (with one shard, exactly the simulator's
   definition; with several, a push is as stale as its stalest part);
 - gap: ``sqrt(sum of squares / number of probes)`` over all shards;
-- loss, lr, time, duration: from shard 0, which also fixes the order of the log.
+- loss, lr, time, cycle, compute: from shard 0, which also fixes the order of the log.
 
 A shard rebuilt after its loss (:mod:`dana.ps.recovery`) reports again the pushes
 replayed since its snapshot, and a standby promoted to shard 0 some pushes its lost head
@@ -19,8 +20,8 @@ had reported: entries of a worker with a seq not above the last one taken from t
 shard are dropped.
 
 The merged log is a :class:`dana.train.pushlog.PushLog` (the simulator's, so
-:func:`dana.train.metrics.summarize` reads both alike) plus the step durations that
-become ``step_times.csv``.
+:func:`dana.train.metrics.summarize` reads both alike) plus the cycles and step times
+that become ``step_times.csv`` (:func:`dana.train.clusterfit.fit_cluster` reads them).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ _TYPES = {
     "lr": "d",
     "time": "d",
     "duration": "d",
+    "compute": "d",
     "updates": "l",
     "members": "q",
 }
@@ -65,6 +67,7 @@ class LogMerger:
         self.servers = servers
         self.log = PushLog()
         self.durations = array("d")
+        self.computes = array("d")
         self.updates = array("l")  # master updates after each push (for divergence)
         self.members = array("q")  # the live workers at each push, a bitmask
         self._primary: deque[tuple] = deque()
@@ -106,7 +109,9 @@ class LogMerger:
     def _merge(self, final: bool) -> None:
         others = self.servers - 1
         while self._primary:
-            w, seq, stale, gap_sq, gap_n, loss, lr, t, duration, updates, members = self._primary[0]
+            w, seq, stale, gap_sq, gap_n, loss, lr, t, duration, compute, updates, members = (
+                self._primary[0]
+            )
             part = self._parts.get((w, seq)) if others else None
             if others and not final and (part is None or part[3] < others):
                 return
@@ -119,6 +124,7 @@ class LogMerger:
             gap = math.sqrt(gap_sq / gap_n) if gap_n else math.nan
             self.log.append(worker=w, staleness=stale, gap=gap, loss=loss, lr=lr, sim_time=t)
             self.durations.append(duration)
+            self.computes.append(compute)
             self.updates.append(updates)
             self.members.append(members)
 
@@ -126,6 +132,7 @@ class LogMerger:
         """The first ``length`` merged entries, as tensors (for a checkpoint)."""
         state = {k: v[:length] for k, v in self.log.state_dict().items()}
         state["duration"] = torch.from_numpy(np.array(self.durations[:length]))
+        state["compute"] = torch.from_numpy(np.array(self.computes[:length]))
         state["updates"] = torch.from_numpy(np.array(self.updates[:length]))
         state["members"] = torch.from_numpy(np.array(self.members[:length], dtype=np.int64))
         return state
@@ -133,6 +140,11 @@ class LogMerger:
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self.log.load_state_dict({name: state[name] for name in PushLog.columns})
         self.durations = array("d", state["duration"].tolist())
+        # (a checkpoint from before the step times were sent has none: unknown)
+        compute = state.get("compute")
+        self.computes = array(
+            "d", compute.tolist() if compute is not None else [math.nan] * len(self.durations)
+        )
         self.updates = array("l", state["updates"].tolist())
         # (absent before membership: nobody recorded)
         self.members = array("q", state["members"].tolist() if "members" in state else [])

@@ -104,7 +104,9 @@ class Push:
     number (each worker numbers its pushes 1, 2, 3, ...); ``loss``: at the computed
     batch; ``offset``: the rule's ``theta_offset(1.0)`` (the worker's whole vector, or a
     shard's probe coordinates of it: :func:`split`), to measure the gap against the
-    true ``theta``; ``buffers``: the model's buffers (BatchNorm statistics)."""
+    true ``theta``; ``buffers``: the model's buffers (BatchNorm statistics);
+    ``compute``: the seconds the worker spent on the step (its gradient and message,
+    with the emulated step time's pad), without the exchange with the servers."""
 
     worker: int
     seq: int
@@ -112,6 +114,7 @@ class Push:
     loss: float = math.nan
     offset: np.ndarray | None = None
     buffers: dict[str, np.ndarray] | None = None
+    compute: float = math.nan
 
     def copy(self) -> Push:
         """The same push owning its arrays (a log keeps it after the sender's are gone)."""
@@ -133,9 +136,9 @@ class Push:
 
 def split(push: Push, layout: Layout) -> list[Push]:
     """Each shard's part of ``push`` (a worker's, over the whole vector): its slice of the
-    message (a view) and the probe coordinates of its slice of the offset; the loss and
-    the buffers go to shard 0 alone. A message encoded already (a list of payloads, one
-    per shard) is handed out as it is."""
+    message (a view) and the probe coordinates of its slice of the offset; the loss, the
+    buffers and the step time go to shard 0 alone. A message encoded already (a list of
+    payloads, one per shard) is handed out as it is."""
     message = push.message
     if isinstance(message, np.ndarray):
         message = layout.split(message)
@@ -152,6 +155,7 @@ def split(push: Push, layout: Layout) -> list[Push]:
                 push.loss if s == 0 else math.nan,
                 offset,
                 push.buffers if s == 0 else None,
+                push.compute if s == 0 else math.nan,
             )
         )
     return parts

@@ -222,6 +222,7 @@ class ShardServer:
             lr=lr,
             time=now - self.clock_zero,
             duration=duration,
+            compute=push.compute,
             updates=counts.updates,
             members=records.members,
         )

@@ -224,9 +224,10 @@ class Worker:
         )
         if self.delay is not None and self.delay.pad(started, batch):
             return self._depart(counts)  # (left before its push was complete: lost)
+        compute = time.perf_counter() - started
         self.seq += 1
         counts["sent"] += 1  # pushes sent: the key of dist.json's worker_replies, kept
-        push = Push(self.index, self.seq, sent, loss, _numpy(offset), buffers)
+        push = Push(self.index, self.seq, sent, loss, _numpy(offset), buffers, compute)
         pause = WAIT_FIRST
         while True:  # (only a bounded run's held push goes round more than once)
             if message is None or not exchange:

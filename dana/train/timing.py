@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import csv
 import inspect
+import io
 import math
 import os
 from pathlib import Path
@@ -44,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from dana.atomic import write_text_atomic
 from dana.errors import ConfigError, DataError
 
 
@@ -267,12 +269,21 @@ def read_trace(path: str | Path) -> list[list[float]]:
     return [series[w] for w in sorted(series, key=_worker_key)]
 
 
-def write_trace(path: str | Path, rows: list[tuple[int, float]]) -> None:
-    """Write ``(worker, duration)`` rows in the format :func:`read_trace` reads."""
-    with Path(path).open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["worker", "duration"])
-        writer.writerows((w, repr(float(t))) for w, t in rows)
+def write_trace(
+    path: str | Path,
+    rows: list[tuple[int, float]],
+    extra: dict[str, list[float]] | None = None,
+) -> None:
+    """Write ``(worker, duration)`` rows in the format :func:`read_trace` reads (at once:
+    a kill leaves the old file or the new one); ``extra``: more columns by name, one value
+    per row, after the two (``read_trace`` reads the first two)."""
+    extra = extra or {}
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["worker", "duration", *extra])
+    for n, (w, t) in enumerate(rows):
+        writer.writerow([w, repr(float(t)), *(repr(float(v[n])) for v in extra.values())])
+    write_text_atomic(path, buffer.getvalue())
 
 
 def _worker_key(worker: str) -> tuple[int, str]:
