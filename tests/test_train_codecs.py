@@ -256,7 +256,7 @@ def test_config_and_summary_record_the_codec(tmp_path):
     from dana.train.training import train
 
     out = tmp_path / "run"
-    config = tiny(backend="sim", epochs=0.25, compress="int8", servers=2)
+    config = tiny(backend="sim", epochs=0.25, compress="int8", servers=2, cluster="datacenter")
     summary = train(config, out, progress=False)
     assert json.loads((out / "config.json").read_text())["compress"] == "int8"
     assert summary["compress"] == "int8"

@@ -199,7 +199,7 @@ def _check_synthetic_fits(train_size: int, test_size: int) -> None:
     """ConfigError before generating a synthetic set that does not fit the memory: each
     example is a 1 x 16 x 16 float32 image and a label, about three times over while
     it is made."""
-    from dana.train.resources import check_fits
+    from dana.memory import check_fits
 
     check_fits(
         3 * (train_size + test_size) * (16 * 16 * 4 + 8),

@@ -26,6 +26,7 @@ import torch
 
 from dana import algorithms
 from dana.errors import ConfigError
+from dana.memory import _gib, available_memory, check_fits
 
 DEFAULT_THREADS = 1
 MAX_THREADS = 1024
@@ -105,29 +106,6 @@ def state_bytes(
     return int(per_worker * workers * d + shared * d)
 
 
-def available_memory() -> int | None:
-    """Bytes of memory available to this process (MemAvailable, within a cgroup limit);
-    None where the system does not say."""
-    available = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:
-            limit = f.read().strip()
-        with open("/sys/fs/cgroup/memory.current") as f:
-            used = int(f.read().strip())
-        if limit.isdigit() and available is not None:
-            available = min(available, int(limit) - used)
-    except (OSError, ValueError):
-        pass
-    return available
-
-
 def check_memory(config: Any, d: int, available: int | None = None) -> int:
     """ConfigError when the simulator's state for ``config`` (with checkpoints: twice it,
     as a checkpoint serialises a copy) does not fit the memory available; the bytes."""
@@ -150,18 +128,6 @@ def check_memory(config: Any, d: int, available: int | None = None) -> int:
             f"{max(1, int(config.workers * available / peak)):,} workers or a smaller model"
         )
     return peak
-
-
-def check_fits(need: int, what: str, fix: str, available: int | None = None) -> None:
-    """ConfigError, before anything is allocated, when ``what`` needs ``need`` bytes and
-    fewer are available (``available``, default :func:`available_memory`); the message
-    names both figures and ``fix``."""
-    if available is None:
-        available = available_memory()
-    if available is not None and need > available:
-        raise ConfigError(
-            f"{what} needs about {_gib(need)} of memory; {_gib(available)} is available: {fix}"
-        )
 
 
 #: A model in a run takes its parameters, their flat copy and a gradient: this many
@@ -195,7 +161,3 @@ def _device_memory(device: str) -> int | None:
     if device in ("cuda", "auto") and torch.cuda.is_available():
         return int(torch.cuda.mem_get_info()[0])
     return available_memory()
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
