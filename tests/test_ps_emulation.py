@@ -114,8 +114,10 @@ def test_a_lossy_heterogeneous_cluster_on_ray(local_ray, tmp_path):
         ms = t / config.time_scale
         live = [int(x) for x in members.split(" ")]
         assert int(w) in live
-        if 1600 < ms < 2900:
+        # (a departure is noticed when the worker's computation or transfer in progress
+        # ends: up to a step, 100 model ms, plus Ray's round trip, ~70 model ms, late)
+        if 1800 < ms < 2900:
             assert 1 not in live, ms
-        if ms > 6100:
+        if ms > 6300:
             assert 2 not in live, ms
     assert live_workers(runner.merger.members[-1]) == [0, 1]
