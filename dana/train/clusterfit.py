@@ -35,7 +35,6 @@ column (written before it was recorded) gets its cycles as its steps and no late
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ import numpy as np
 
 from dana.errors import DataError
 from dana.train.cluster import resolve_cluster
+from dana.train.timing import read_trace_rows
 
 #: A cycle this many times its worker's median is an absence.
 GAP_FACTOR = 10.0
@@ -55,16 +55,8 @@ def read_step_times(path: str | Path) -> dict[str, np.ndarray]:
     """The columns of a Ray run's ``step_times.csv``: ``worker``, ``cycle``, ``step``
     (the cycle where the file has no step column) and ``time`` (NaN where absent)."""
     path = Path(path)
-    try:
-        with path.open(newline="") as f:
-            rows = list(csv.reader(f))
-    except OSError as e:
-        raise DataError(f"{path}: cannot read the step times: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise DataError(f"{path}: the step times are not a text (CSV) file") from None
-    header = [c.strip() for c in rows[0]] if rows else []
-    if header[:2] != ["worker", "duration"]:
-        raise DataError(f"{path}: step times must start with the header 'worker,duration'")
+    rows = read_trace_rows(path, "step times file")
+    header = [c.strip() for c in rows[0]]
     where = {name: header.index(name) for name in ("compute", "time") if name in header}
     columns: dict[str, list[float]] = {"worker": [], "cycle": [], "step": [], "time": []}
     for line, row in enumerate(rows[1:], start=2):

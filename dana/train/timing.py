@@ -237,18 +237,26 @@ def relative_speeds(model: TimingModel) -> list[float]:
     return [fastest / m for m in means]
 
 
-def read_trace(path: str | Path) -> list[list[float]]:
-    """Per-worker durations from a ``worker,duration`` CSV, workers renumbered 0..m-1."""
+def read_trace_rows(path: str | Path, what: str = "timing trace") -> list[list[str]]:
+    """The rows of a ``worker,duration[,...]`` CSV (``step_times.csv``), its header first
+    (checked); DataError naming ``what`` for a file that cannot be read or lacks it."""
     path = Path(path)
     try:
         with path.open(newline="") as f:
             rows = list(csv.reader(f))
     except OSError as e:
-        raise DataError(f"{path}: cannot read the timing trace: {e.strerror}") from None
+        raise DataError(f"{path}: cannot read the {what}: {e.strerror}") from None
     except UnicodeDecodeError:
-        raise DataError(f"{path}: the timing trace is not a text (CSV) file") from None
+        raise DataError(f"{path}: the {what} is not a text (CSV) file") from None
     if not rows or [c.strip() for c in rows[0][:2]] != ["worker", "duration"]:
-        raise DataError(f"{path}: a timing trace must start with the header 'worker,duration'")
+        raise DataError(f"{path}: a {what} must start with the header 'worker,duration'")
+    return rows
+
+
+def read_trace(path: str | Path) -> list[list[float]]:
+    """Per-worker durations from a ``worker,duration`` CSV, workers renumbered 0..m-1."""
+    path = Path(path)
+    rows = read_trace_rows(path)
     series: dict[str, list[float]] = {}
     for line, row in enumerate(rows[1:], start=2):
         if not row:
