@@ -193,6 +193,53 @@ def test_a_promoted_standby_is_its_head_and_takes_resent_pushes_once():
         assert counters["call_gaps"] == 0
 
 
+def test_a_head_taken_for_lost_that_runs_on_is_deposed_and_passes_nothing_on():
+    """The driver promotes the standby of a head that was only slow (a reply past the
+    deadline) and runs on until its kill lands: the promoted standby refuses its calls,
+    so it passes nothing on to shard 1 (which would take its calls for the new head's
+    of the same numbers) and answers its workers "not-head"; they go to the new head.
+    Before, shard 1 ran the old head's call and skipped the new head's one of that number:
+    a push lost on shard 1, another applied there alone (the chaos soak's failure)."""
+    config = tiny(algorithm="dana-slim", workers=2, servers=2, lr=0.1, warmup_epochs=0)
+    d, half = 8, 4
+    options = dict(d=d, batches_per_epoch=100, end=60, evals=[], checkpoints=[])
+
+    def shard(s: int, **kw: Any) -> ShardServer:
+        server = HeadServer if s == 0 else ShardServer
+        return server(config.to_dict(), s, np.zeros(half, np.float32), **options, **kw)
+
+    head, one = shard(0, peers=["shard1"], replicated=True), shard(1)
+    standby = shard(0, peers=["shard1"], standby=True)
+    head.relay.names = []  # (no Ray: the handles are set by hand)
+    head.begin(0.0)
+    head.relay.peers = [Direct(one)]
+    head.relay.standby = Direct(standby)
+    rng = np.random.default_rng(0)
+    grads = {
+        (w, seq): rng.standard_normal(d).astype(np.float32) for w in (0, 1) for seq in (1, 2, 3)
+    }
+
+    def step(server: HeadServer, w: int, seq: int) -> tuple:
+        g = grads[(w, seq)]
+        return server.relay_exchange([Push(w, seq, g[:half], 1.0), Push(w, seq, g[half:])])
+
+    for w in (0, 1):
+        head.relay_pull(w, True)
+    for w in (0, 1):
+        step(head, w, 1)
+    standby.promote([Direct(one)])  # the head is taken for lost, and runs on:
+    assert step(head, 0, 2)[0] == NOT_HEAD
+    assert head.relay_pull(1)[0] == NOT_HEAD
+    assert one.counters()["calls"] == standby.relay.log.count  # nothing from the old head
+    for seq in (2, 3):  # its workers go to the new head (worker 0 sends seq 2 again)
+        for w in (0, 1):
+            assert step(standby, w, seq)[0] == APPLIED
+    for server in (standby, one):
+        counters = server.counters()
+        assert counters["applied"] == counters["last_seq"] == [3, 3]
+        assert counters["call_gaps"] == counters["seq_gaps"] == 0
+
+
 def head_server(bound: int, workers: int, **kw: Any) -> HeadServer:
     """Shard 0 of a ``dana-slim`` run of 4 parameters with ``--max-staleness bound``."""
     config = tiny(algorithm="dana-slim", workers=workers, max_staleness=bound).to_dict()

@@ -52,7 +52,7 @@ from dana.ps.protocol import (
     Role,
     Status,
 )
-from dana.ps.relay import Relay
+from dana.ps.relay import Deposed, Relay
 from dana.ps.shard import ShardServer
 from dana.train.gate import StalenessGate, bounds_staleness
 
@@ -111,7 +111,10 @@ class HeadServer(ShardServer):
         if reply.status is not Status.PARAMS:
             return HeadPull(*reply, [])
         self.relay.pull(worker)
-        return HeadPull(*reply, self.relay.flush()[-1])
+        others = self._flush()
+        if others is None:
+            return HeadPull(Status.NOT_HEAD, None, math.nan, 0, 0, [])
+        return HeadPull(*reply, others)
 
     def relay_push(self, parts: list[Push]) -> HeadPushed:
         """:meth:`push` of shard 0's part, then the same push on the standby and every
@@ -123,7 +126,8 @@ class HeadServer(ShardServer):
             return HeadPushed(Status.GONE, math.nan)
         status = self.push(parts[0])
         self._pass_on(status, parts)
-        self.relay.flush()
+        if self._flush() is None:
+            return HeadPushed(Status.NOT_HEAD, math.nan)
         return HeadPushed(status, self.lr())
 
     def relay_exchange(self, parts: list[Push]) -> HeadExchange:
@@ -136,7 +140,9 @@ class HeadServer(ShardServer):
         self._pass_on(status, parts)
         if params is not None:
             self.relay.pull(parts[0].worker)
-        others = self.relay.flush()[-1]
+        others = self._flush()
+        if others is None:
+            return HeadExchange(Status.NOT_HEAD, None, math.nan, [])
         return HeadExchange(status, params, lr, others if params is not None else [])
 
     def relay_member(self, worker: int, join: bool) -> HeadPushed:
@@ -147,7 +153,8 @@ class HeadServer(ShardServer):
         status = self.member(worker, join)
         if status is Status.APPLIED:
             self.relay.member(worker, join)
-            self.relay.flush()
+            if self._flush() is None:
+                return HeadPushed(Status.NOT_HEAD, math.nan)
         return HeadPushed(status, self.lr())
 
     def member(self, worker: int, join: bool) -> Status:
@@ -159,6 +166,17 @@ class HeadServer(ShardServer):
     def _pass_on(self, status: Status, parts: list[Push]) -> None:
         if status in (Status.APPLIED, Status.LOCAL):
             self.relay.push(parts)
+
+    def _flush(self) -> list[Any] | None:
+        """Pass the calls made on (:meth:`~dana.ps.relay.Relay.flush`): the references of
+        the other shards' replies to the last one; None if this head was deposed (its
+        standby, promoted, refused them): it answers every worker ``"not-head"`` from
+        then on, and its own state, ahead of the run's by this call, is never read."""
+        try:
+            return self.relay.flush()[-1]
+        except Deposed:
+            self.role = Role.DEPOSED
+            return None
 
     # -- the gate -------------------------------------------------------------------------
     def pull(self, worker: int, join: bool = False) -> Pulled:
@@ -219,13 +237,19 @@ class HeadServer(ShardServer):
         return waits + self.gate.waits, wait_time + self.gate.wait_time
 
     # -- the standby ----------------------------------------------------------------------
-    def replica(self, entries: list[Entry]) -> None:
+    def replica(self, entries: list[Entry]) -> bool:
         """A standby: the head's calls, with every shard's arguments: log each, and run
-        shard 0's part of those past this standby's count, as the head did."""
+        shard 0's part of those past this standby's count, as the head did. Refused
+        (False) once promoted: they come from a head taken for lost that ran on, and no
+        other shard may get them (its head passes a call on only once its standby took
+        it, so every call it passed on before is in this log)."""
+        if self.role is not Role.STANDBY:
+            return False
         for entry in entries:
             self.relay.log.append(entry)
             if entry.number > self.counts.calls:
                 self.relayed(entry.call(0))
+        return True
 
     def adopt(self, kept: list[int], entries: list[Entry]) -> None:
         """A new standby: the head's whole log (``kept``: what the driver's snapshots
@@ -236,8 +260,9 @@ class HeadServer(ShardServer):
     def waiting(self, state: dict[str, Any]) -> None:
         """A standby: the workers its head's staleness gate holds now
         (:meth:`~dana.train.gate.StalenessGate.waiting_state`), sent whenever one starts
-        waiting, so that once promoted it keeps their places in line."""
-        if self.gate is not None:
+        waiting, so that once promoted it keeps their places in line (once promoted, they
+        come from a deposed head: ignored)."""
+        if self.gate is not None and self.role is Role.STANDBY:
             self.gate.load_waiting(state)
 
     def promote(self, peers: list[Any]) -> int:

@@ -11,8 +11,8 @@ A worker calls the head (shard 0), which relays (:mod:`dana.ps.head`):
 - ``relay_pull(worker, join) -> HeadPull``: the parameters to compute at, at the
   learning rate ``lr`` (``status`` :attr:`Status.PARAMS`), or no parameters:
   :attr:`Status.STOP` once the run is over, :attr:`Status.WAIT` while the staleness
-  bound holds the worker, :attr:`Status.NOT_HEAD` from a standby not promoted yet.
-  ``join`` marks the first pull of a worker process; the reply tells it the sequence
+  bound holds the worker, :attr:`Status.NOT_HEAD` from a standby not promoted yet or
+  a deposed head. ``join`` marks the first pull of a worker process; the reply tells it the sequence
   number of its last push applied and how often it has joined. ``others``: the
   references of the other shards' :class:`Pulled` replies, which the worker fetches.
 - ``relay_push(parts) -> HeadPushed``: one :class:`Push` per shard (:func:`split`), the
@@ -72,17 +72,20 @@ class Status(_Named):
     STOP = "stop"  # the run is over: nothing applied or served
     PARAMS = "params"  # a pull served: the parameters come with it
     WAIT = "wait"  # bounded staleness: refused for now; ask again
-    NOT_HEAD = "not-head"  # a standby not (yet) promoted: ask again, or the next one
+    NOT_HEAD = "not-head"  # a standby not (yet) promoted, or a deposed head: ask again
     GONE = "gone"  # the worker is not in the run (it left, or has not joined): stop
 
 
 class Role(_Named):
     """What a server actor is: the head (shard 0, which relays), a standby of the head
-    (a head in waiting, until promoted), or another shard."""
+    (a head in waiting, until promoted), another shard, or a deposed head (one the driver
+    took for lost, its standby promoted in its place, that was still running: it serves
+    no one again)."""
 
     HEAD = "head"
     STANDBY = "standby"
     SHARD = "shard"
+    DEPOSED = "deposed"
 
 
 class Method(_Named):

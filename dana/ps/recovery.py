@@ -30,7 +30,10 @@ it ran. So:
   other shards (each skips what it has) and becomes the head; the workers send their
   unanswered calls again to it, with the same sequence numbers (a push it has already
   applied is answered ``duplicate``); then a new standby is built from the latest
-  standby snapshot and the new head's log.
+  standby snapshot and the new head's log. A head taken for lost that was only slow
+  (no reply within ``--server-timeout``) may run on until the driver's kill lands: its
+  promoted standby refuses its calls, so it passes nothing more on to anyone (it is
+  **deposed**: it answers its workers ``"not-head"``, and they find the new head).
 
 Losing the head and its standby at once (or the driver) is not survived: the run ends
 with :class:`~dana.errors.FaultError` (exit status 4) and ``--resume`` continues from the

@@ -107,7 +107,8 @@ class Relay:
 
     def flush(self) -> list[list[Any]]:
         """Pass the logged calls on: to the standby first, waiting for its answer, then to
-        every other shard. Per call, the references of the other shards' replies."""
+        every other shard. Per call, the references of the other shards' replies.
+        :class:`Deposed` (and nothing passed on) if the standby refused them."""
         entries, self.outbox = self.outbox, []
         if not entries:
             return [[]]
@@ -115,7 +116,8 @@ class Relay:
             import ray
 
             try:
-                _wait(self.standby.replica.remote(entries), self.timeout)
+                if not _wait(self.standby.replica.remote(entries), self.timeout):
+                    raise Deposed("this head's standby was promoted in its place")
             except (
                 ray.exceptions.RayActorError,
                 ray.exceptions.ObjectLostError,
@@ -195,10 +197,15 @@ class Relay:
         return {**self.log.counters(), "standby_lost": self.standby_lost}
 
 
-def _wait(reply: Any, timeout: float | None = None) -> None:
-    """Wait for an actor call's reply, ``timeout`` s at most (a stand-in actor that ran the
-    call directly, as in the unit tests, returns no reference)."""
+class Deposed(Exception):
+    """The standby refused the head's calls: it was promoted in the head's place (the
+    driver took the head for lost, a reply past its deadline, while it ran on). The head
+    must pass nothing on: every call it passed on before, its standby had run first."""
+
+
+def _wait(reply: Any, timeout: float | None = None) -> Any:
+    """An actor call's reply, waited for ``timeout`` s at most (a stand-in actor that ran
+    the call directly, as in the unit tests, returns the reply itself)."""
     import ray
 
-    if isinstance(reply, ray.ObjectRef):
-        ray.get(reply, timeout=timeout)
+    return ray.get(reply, timeout=timeout) if isinstance(reply, ray.ObjectRef) else reply
