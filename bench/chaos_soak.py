@@ -26,7 +26,7 @@ at every evaluation point) and prints the figures: faults by kind, survived (the
 episode completed and its accounting holds), pushes lost and doubled.
 
 Run: ``nice python bench/chaos_soak.py --minutes 10`` (``--smoke``: one short episode
-with one fault of each in-process kind, to check the script runs). The last line:
+with five faults, :data:`SMOKE_FAULTS`, to check the script runs). The last line:
 
     chaos soak: F faults, S survived, lost L, doubled D
 """
@@ -58,6 +58,8 @@ from dana.train.progress import Progress  # noqa: E402
 from dana.train.rundir import RunDir  # noqa: E402
 
 KINDS = ("worker", "shard", "head", "standby", "pause-short", "pause-long")
+#: The smoke run's faults, in order, and no other.
+SMOKE_FAULTS = ["pause-short", "shard", "head", "worker", "pause-long"]
 
 
 def settings(seed: int, epochs: float, timeout: float) -> dict[str, Any]:
@@ -71,11 +73,15 @@ def settings(seed: int, epochs: float, timeout: float) -> dict[str, Any]:
 
 class Chaos(Progress):
     """Injects one random fault at a time into a running :class:`~dana.ps.driver.RayRun`
-    (``runner``), from its progress reports; ``forced``: kinds to inject first, in order."""
+    (``runner``), from its progress reports; ``forced``: kinds to inject first, in order
+    (``only_forced``: and no other)."""
 
-    def __init__(self, runner: Any, rng: random.Random, gap: float, forced: list[str]):
+    def __init__(
+        self, runner: Any, rng: random.Random, gap: float, forced: list[str], only_forced: bool
+    ):
         super().__init__(enabled=False)
         self.runner, self.rng, self.gap, self.forced = runner, rng, gap, list(forced)
+        self.only_forced = only_forced
         self.timeout = runner.config.server_timeout
         self.next_at = time.time() + gap
         self.done: list[str] = []
@@ -85,6 +91,8 @@ class Chaos(Progress):
     def update(self, steps: int, loss: float) -> None:
         shards = self.runner.shards
         if time.time() < self.next_at or steps > self.runner.end - 16:
+            return
+        if self.only_forced and not self.forced:
             return
         kind = self.forced[0] if self.forced else self.rng.choice(KINDS)
         if shards.standby is None and kind != "worker" and kind != "shard":
@@ -138,7 +146,7 @@ def in_process(out: Path, seed: int, args: argparse.Namespace, forced: list[str]
     run.path.mkdir(parents=True)
     run.write_config(config.to_dict(), "chaos")
     runner = RayRun(config, run, Problem(config))
-    chaos = Chaos(runner, random.Random(seed), args.gap, forced)
+    chaos = Chaos(runner, random.Random(seed), args.gap, forced, only_forced=args.smoke)
     try:
         summary = runner.execute(chaos)
     except DanaError as e:
@@ -236,7 +244,7 @@ def main() -> int:
             if not args.smoke and episodes % 3 == 1:
                 result = driver_killed(out, seed, args)
             else:
-                forced = ["pause-short", "shard", "pause-long", "worker"] if args.smoke else []
+                forced = SMOKE_FAULTS if args.smoke else []
                 result = in_process(out, seed, args, forced)
             episodes += 1
             tally.update(result["faults"])
