@@ -184,13 +184,23 @@ def fake_run(
 # -- the Ray runtime's tests: one local Ray, tiny runs, their accounting, processes ------
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test marked ``ray`` runs in one process (pytest-xdist's ``--dist loadgroup``,
-    pyproject's addopts), one after another on the session's one Ray; the other
-    processes take the rest, so that the Ray tests (a couple of cores each) overlap the
-    single-threaded ones instead of following them."""
+    """The tests marked ``ray`` run in two groups (pytest-xdist's ``--dist loadgroup``,
+    pyproject's addopts), each in one process, one test after another on that process's
+    one Ray: the fault tests (:data:`RAY_FAULT_MODULES`) and the others. The processes
+    take the rest meanwhile: the Ray tests, which wait much of their time (deadlines,
+    modelled compute), overlap each other and the single-threaded ones."""
     for item in items:
         if item.get_closest_marker("ray") is not None:
-            item.add_marker(pytest.mark.xdist_group("ray"))
+            module = Path(str(item.fspath)).name
+            group = "ray-faults" if module in RAY_FAULT_MODULES else "ray"
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+#: The Ray test modules of the second group (:func:`pytest_collection_modifyitems`).
+RAY_FAULT_MODULES = {
+    "test_ps_faults.py", "test_ps_nodes.py", "test_ps_ray_job.py", "test_ps_membership.py",
+    "test_ps_emulation.py",
+}  # fmt: skip
 
 
 try:

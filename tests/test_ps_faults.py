@@ -526,7 +526,7 @@ def test_shard_0_lost_twice_survived_then_with_its_standby_a_fault_resumed_exact
     from dana.train.problem import Problem
 
     config = tiny(
-        algorithm="dana-slim", workers=3, servers=2, epochs=6.0, checkpoint_every=1.0,
+        algorithm="dana-slim", workers=3, servers=2, epochs=4.0, checkpoint_every=1.0,
         time_scale=0.002,
     )  # fmt: skip
     out = tmp_path / "run"
@@ -550,7 +550,7 @@ def test_shard_0_lost_twice_survived_then_with_its_standby_a_fault_resumed_exact
     runner.summary = runner.execute(Progress(enabled=False))
     run.write_summary(runner.summary)
     assert runner.rows[: len(saved["rows"])] == saved["rows"]
-    dist = check_every_shard(runner, steps=6 * 32)
+    dist = check_every_shard(runner, steps=4 * 32)
     assert len(dist["shards"]) == 2 and dist["shards"][0]["role"] == "head"
 
 
