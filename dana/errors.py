@@ -30,8 +30,9 @@ class ConfigError(DanaError, ValueError):
 
 class FaultError(Exception):
     """A fault the run could not survive (shard 0 and its standby lost together, shard 0
-    of a run without a standby, a lost actor that cannot be placed again): not bad input. The command line prints the message (it says how to continue, usually
-    ``dana train --resume``) and exits with status 4."""
+    of a run without a standby, a lost actor that cannot be placed again, every worker
+    out of its restarts): not bad input. The command line prints the message (it says
+    how to continue, usually ``dana train --resume``) and exits with status 4."""
 
 
 class WriteError(DanaError, OSError):

@@ -57,7 +57,7 @@ from torch import Tensor
 
 from dana.algorithms.base import Algorithm
 from dana.atomic import write_text_atomic
-from dana.errors import ConfigError, DanaError
+from dana.errors import ConfigError, DanaError, FaultError
 from dana.ps.checkpoint import build_state, check_state, to_numpy
 from dana.ps.cluster import (
     READY_SECONDS,
@@ -340,7 +340,7 @@ class RayRun:
                 self.shards.stop()
             self._show(progress)
         if self.steps < self.end and self.points.diverged_at is None:
-            raise DanaError(
+            raise FaultError(
                 f"every worker died for good after {self.steps} of {self.end} steps; "
                 f"continue from the last checkpoint with `dana train --resume {self.run.path}`"
             )
