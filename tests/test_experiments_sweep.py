@@ -342,13 +342,17 @@ def test_sweep_runs_every_cell_and_report_tabulates_and_plots_them(swept):
         assert f"({name}.png)" in (copy / "report.md").read_text()
 
 
-def test_rerunning_a_sweep_skips_finished_runs(swept):
+def test_rerunning_a_sweep_skips_finished_runs(swept, tmp_path):
     before = summaries(swept)
     result = dana("sweep", *TINY, "--algorithms", "ssgd,dana-slim", "--workers", "1,2,4",
                   "--out", str(swept), "--quiet")  # fmt: skip
     assert summaries(swept) == before
     assert "5 skipped" in result.stdout
     assert (swept / "sweep.log").read_text().count("skip ") == 5
+    # an export's sweep.json records them as finished (the rerun's "skipped" is its own)
+    dana("report", str(swept), "--export", str(tmp_path / "copy"))
+    cells = json.loads((tmp_path / "copy" / "sweep.json").read_text())["cells"]
+    assert {c["status"] for c in cells} == {"finished"}
 
 
 def test_a_sweep_refuses_a_directory_holding_runs_of_other_settings(swept):

@@ -1,16 +1,20 @@
 """Copy a results directory's small files elsewhere (e.g. into docs/), without checkpoints.
 
 For every finished (or diverged) run: ``config.json``, ``metrics.csv`` and
-``summary.json``, under the same relative path; the sweep's ``sweep.json`` and the cell
-files of failed cells. ``dana report`` reruns on the copy and gives the same report.
+``summary.json``, under the same relative path; the sweep's ``sweep.json``, each cell's
+status that of its records in the copy (``finished``, ``diverged``; ``failed``, or
+``pending`` where the copy has no run: not a rerun's ``skipped`` or a running sweep's
+``running``), and the cell files of failed cells. ``dana report`` reruns on the copy and gives the same report.
 Incomplete runs are left out: their numbers are not results yet.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
+from dana.atomic import write_text_atomic
 from dana.errors import DanaError
 from dana.experiments.results import load_results
 
@@ -36,7 +40,19 @@ def export_results(source: str | Path, dest: str | Path) -> int:
             _copy(source / "cells" / name, dest / "cells" / name)
     if (source / "sweep.json").is_file():
         _copy(source / "sweep.json", dest / "sweep.json")
+        _record_statuses(dest)
     return copied
+
+
+def _record_statuses(dest: Path) -> None:
+    """``dest``'s ``sweep.json`` with each cell's status that of its records in ``dest``
+    (runs exported before included), not the sweep's word of the moment."""
+    found = {run.path.name: run.status for run in load_results(dest).runs}
+    sweep = json.loads((dest / "sweep.json").read_text())
+    for cell in sweep.get("cells", []):
+        kept = "failed" if cell.get("status") == "failed" else "pending"
+        cell["status"] = found.get(cell["name"], kept)
+    write_text_atomic(dest / "sweep.json", json.dumps(sweep, indent=2) + "\n")
 
 
 def _copy(src: Path, dst: Path) -> None:
