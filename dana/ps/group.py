@@ -298,12 +298,6 @@ class ShardGroup:
             if server is not None:
                 server.trim.remote(s, saved["calls"])
 
-    def forget(self, worker: int) -> None:
-        """A worker gone for good: its records at the head's gate must not hold the others."""
-        for server in (self.servers[0], self.standby):
-            if server is not None:
-                server.forget.remote(worker)
-
     def stop(self) -> None:
         """Stop every shard (the head stops its standby and the others after what it
         relayed; a lost head's standby is promoted and stopped)."""
