@@ -16,6 +16,7 @@ import pytest
 from conftest import needs_ray, run_on_ray, tiny
 
 from dana.errors import ConfigError
+from dana.ps.accounting import check_run, servers
 from dana.ps.emulation import ClusterDelay
 from dana.ps.membership import live_workers
 from dana.train.config import TrainConfig
@@ -99,11 +100,12 @@ def test_a_lossy_heterogeneous_cluster_on_ray(local_ray, tmp_path):
     )
     runner = run_on_ray(config, tmp_path / "run", None)
     dist = json.loads((runner.run.path / "dist.json").read_text())
+    assert dist["standby"] is not None
+    problems = check_run(dist, runner.summary, 128)  # every push applied once everywhere
+    assert not problems, problems
+    assert all(server["duplicates"] == 0 for server in servers(dist))
     first = dist["shards"][0]
-    for s, shard in enumerate([*dist["shards"], dist["standby"]]):
-        assert shard["applied"] == shard["last_seq"] == first["applied"], f"shard {s}"
-        assert shard["seq_gaps"] == shard["call_gaps"] == shard["duplicates"] == 0
-    assert sum(first["applied"]) == first["pushes"] == runner.summary["pushes"] == 128
+    assert sum(first["applied"]) == first["pushes"]
     assert dist["live"] == [0, 1]
     replies = dist["worker_replies"]
     assert replies["departures"] == 2 and replies["returns"] == 1

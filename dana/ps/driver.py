@@ -50,7 +50,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections import Counter
 from typing import Any
 
 from torch import Tensor
@@ -58,6 +57,7 @@ from torch import Tensor
 from dana.algorithms.base import Algorithm
 from dana.atomic import write_text_atomic
 from dana.errors import ConfigError, DanaError, FaultError
+from dana.ps.accounting import WorkerCalls, dist_counters
 from dana.ps.checkpoint import build_state, check_state, to_numpy
 from dana.ps.cluster import (
     READY_SECONDS,
@@ -120,14 +120,9 @@ class RayRun:
         self.saved_servers: list[dict[str, Any]] | None = None
         self.wall_before = 0.0  # training seconds before a resume
         self.steps = self.updates = self.pushes = 0
-        self.wait_time, self.waits = 0.0, 0
+        self.wait_time = 0.0
         self.members = Membership(config, run.path)  # who is in the run (dana.ps.membership)
-        k_max = self.members.k_max
-        self.failed_calls = [0] * k_max  # run() calls cut short by a worker's crash
-        self.lost: list[int] = []  # workers out of restarts
-        self.last_seq_sent = [0] * k_max  # from the workers' last completed run() calls
-        self.worker_counts: Counter[str] = Counter()
-        self.counters: dict[str, Any] = {}
+        self.calls = WorkerCalls.of(self.members.k_max)  # the workers' run() calls
         self.cpus = 1.0  # logical CPUs per actor (fewer when the cluster is short)
 
     @property
@@ -201,7 +196,15 @@ class RayRun:
                 self._poll()
                 self.merger.finish()
                 self.points.process(progress, stop=self.shards.stop)
-                self.counters = self._counters(self.start - startup)
+                counters = dist_counters(  # dist.json
+                    self.config,
+                    bounded=self.bounded,
+                    startup_seconds=self.start - startup,
+                    cpus_per_actor=self.cpus,
+                    servers=self.shards.counters(),
+                    calls=self.calls,
+                    members=self.members.counters(),
+                )
             finally:
                 progress.close()
                 for actor in self.worker_actors:
@@ -222,7 +225,7 @@ class RayRun:
             list(zip(log.worker.tolist(), self.merger.durations.tolist())),
             {"compute": self.merger.computes.tolist(), "time": log.sim_time.tolist()},
         )
-        write_text_atomic(self.run.path / "dist.json", json.dumps(self.counters, indent=2) + "\n")
+        write_text_atomic(self.run.path / "dist.json", json.dumps(counters, indent=2) + "\n")
         write_members(
             self.run.path / "members.csv",
             self.merger.log.worker.tolist(),
@@ -333,7 +336,7 @@ class RayRun:
                 if self._finished(ref, i) is False and self.points.diverged_at is None:
                     running[workers[i].run.remote(clock_zero=self.clock_zero)] = i
             self._poll()
-            if self.points.diverged_at is None and not self.shards_stopped():
+            if self.points.diverged_at is None and self.steps < self.end:  # (none after the end)
                 self._grow(running)
             self.points.process(progress, stop=self.shards.stop)
             if self.points.diverged_at is not None:
@@ -402,9 +405,7 @@ class RayRun:
         died and Ray restarts it (call it again), None if it is gone for good."""
         ray = self.ray
         try:
-            result = ray.get(ref)
-            self.last_seq_sent[i] = result.pop("seq")
-            self.worker_counts.update(result)
+            self.calls.returned(i, ray.get(ref))
             return True
         except ray.exceptions.ActorDiedError:  # out of restarts
             if self.synchronous:
@@ -413,7 +414,7 @@ class RayRun:
                     f"{WORKER_RESTARTS}); ssgd cannot go on without it. Continue from the "
                     f"last checkpoint with `dana train --resume {self.run.path}`"
                 ) from None
-            self.lost.append(i)
+            self.calls.lost.append(i)
             # Gone for good: the master rule is told (its state for i dropped or folded;
             # the staleness gate forgets it), and the run does not wait for it.
             self.shards.on_head(lambda head: head.relay_member.remote(i, False))
@@ -421,7 +422,7 @@ class RayRun:
             return None
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
             # restarted, or restarting (its node lost): call it again
-            self.failed_calls[i] += 1
+            self.calls.failed[i] += 1
             time.sleep(0.05)
             return False
 
@@ -437,52 +438,9 @@ class RayRun:
         if head is None:  # the head and then its standby lost in one poll: no news
             return
         self.steps, self.updates, self.pushes = head["steps"], head["updates"], head["pushes"]
-        self.waits, self.wait_time = head["waits"], head["wait_time"]
+        self.wait_time = head["wait_time"]
         self.points.check_divergence()
-
-    def shards_stopped(self) -> bool:
-        """Whether the servers have taken the run's last step (no worker is added then)."""
-        return self.steps >= self.end
 
     def _show(self, progress: Progress) -> None:
         loss = self.merger.log.loss[-1] if len(self.merger) else math.nan
         progress.update(self.steps, loss)
-
-    def _counters(self, startup: float) -> dict[str, Any]:
-        shards, relay, standby = self.shards.counters()
-        group = self.shards
-        return {
-            "servers": self.S,
-            "workers": self.k,
-            "max_staleness": self.config.max_staleness if self.bounded else None,
-            "relayed": True,
-            "with_standby": self.with_standby,
-            "startup_seconds": startup,
-            "cpus_per_actor": self.cpus,
-            # where each actor started: its node's IP address and id
-            "placement": group.placement,
-            # Every push a worker numbered (its last seq): applied once, or answered
-            # "stop" after the run's last step; a crashed worker renumbers from the
-            # servers' last applied seq, so a push lost in flight is not counted.
-            "pushes_sent": sum(self.last_seq_sent),
-            "pushes_applied": shards[0]["pushes"],
-            "local_steps": shards[0]["local_steps"],
-            "rejected_after_stop": shards[0]["rejected_after_stop"],
-            "duplicates": shards[0]["duplicates"],
-            "waits": shards[0]["waits"],
-            "wait_time": shards[0]["wait_time"],
-            "failed_run_calls": self.failed_calls,
-            "workers_lost": self.lost,
-            # elastic membership: k_max, each join and departure, who is live at the end
-            **self.members.counters(),
-            "live": [i for i, live in enumerate(shards[0]["live"]) if live],
-            # shards rebuilt after their loss (dana.ps.recovery), and shard 0's log
-            "shards_rebuilt": group.rebuilt,
-            # lost heads replaced by their standby, standbys built since the start
-            "promotions": group.spare.promotions,
-            "standbys_rebuilt": group.spare.rebuilt,
-            "standby": standby,
-            **relay,
-            "worker_replies": dict(self.worker_counts),
-            "shards": shards,
-        }

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dana.errors import DanaError, FaultError
+from dana.ps.accounting import ServerCounters
 from dana.ps.cluster import READY_SECONDS, ServerLost, server_options
 from dana.ps.head import HeadServer
 from dana.ps.shard import ShardServer
@@ -298,12 +299,6 @@ class ShardGroup:
             if server is not None:
                 server.trim.remote(s, saved["calls"])
 
-    def forget(self, worker: int) -> None:
-        """A worker gone for good: its records at the head's gate must not hold the others."""
-        for server in (self.servers[0], self.standby):
-            if server is not None:
-                server.forget.remote(worker)
-
     def stop(self) -> None:
         """Stop every shard (the head stops its standby and the others after what it
         relayed; a lost head's standby is promoted and stopped)."""
@@ -338,9 +333,9 @@ class ShardGroup:
     def relay_counters(self) -> dict[str, int]:
         return self.on_head(lambda head: head.relay_counters.remote())
 
-    def counters(self) -> tuple[list[dict[str, Any]], dict[str, int], dict[str, Any] | None]:
+    def counters(self) -> ServerCounters:
         """The end of the run: every shard's counters, the head's relay's and the
-        standby's (None: none)."""
+        standby's (None: none), with where each actor started and the repairs made."""
         shards = self.each(lambda server: server.counters.remote())
         while None in shards:  # a shard lost at the very end: rebuilt, asked again
             self.settle()
@@ -349,7 +344,10 @@ class ShardGroup:
         standby = None
         if self.standby is not None:
             standby = self.spare.ask(lambda actor: actor.counters.remote())
-        return shards, relay, standby
+        spare = self.spare
+        return ServerCounters(
+            shards, relay, standby, self.placement, self.rebuilt, spare.promotions, spare.rebuilt
+        )
 
     def kill(self) -> None:
         for actor in self.servers:
