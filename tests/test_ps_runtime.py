@@ -184,7 +184,7 @@ def test_bounded_staleness_gates_at_the_server():
     # flight, and worker 2, next in line, may start
     assert server.pull(0, join=True)[0] == WAIT
     assert server.gate.inflight == [1] and server.pull(2)[0] == PARAMS
-    server.forget(1)  # gone for good: holds no one
+    assert server.member(1, join=False) == APPLIED  # gone for good: holds no one
     assert server.gate.inflight == [2] and server.pull(0)[0] == PARAMS
     assert server.push(Push(0, 2, g)) == APPLIED  # worker 2, older, had room for one update
     assert server.push(Push(2, 2, g)) == APPLIED

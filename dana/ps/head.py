@@ -225,11 +225,6 @@ class HeadServer(ShardServer):
             self.relay.waiting(gate.waiting_state())
         return False
 
-    def forget(self, worker: int) -> None:
-        """Drop the gate's records of a worker gone for good."""
-        if self.gate is not None:
-            self.gate.forget(worker)
-
     def _waits(self) -> tuple[int, float]:
         waits, wait_time = super()._waits()
         if self.gate is None:
