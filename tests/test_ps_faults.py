@@ -483,7 +483,7 @@ def test_faults_at_random_moments(local_ray, tmp_path):
     runner, faults = run_with_faults(config, tmp_path / "run", actions)
     assert len(faults.done) == 6, faults.done
     assert [what for _, what in faults.done][-2:] == ["shard:1", "shard:1"]
-    dist = check_every_shard(runner, steps=4 * 32)
+    dist = check_every_shard(runner, steps=6 * 32)
     rebuilt = dist["shards_rebuilt"]
     assert [r["shard"] for r in rebuilt] == [1, 1]
     assert all(r["seconds"] < 30 for r in rebuilt)
@@ -526,7 +526,7 @@ def test_shard_0_lost_twice_survived_then_with_its_standby_a_fault_resumed_exact
     from dana.train.problem import Problem
 
     config = tiny(
-        algorithm="dana-slim", workers=3, servers=2, epochs=4.0, checkpoint_every=1.0,
+        algorithm="dana-slim", workers=3, servers=2, epochs=6.0, checkpoint_every=1.0,
         time_scale=0.002,
     )  # fmt: skip
     out = tmp_path / "run"
@@ -550,7 +550,7 @@ def test_shard_0_lost_twice_survived_then_with_its_standby_a_fault_resumed_exact
     runner.summary = runner.execute(Progress(enabled=False))
     run.write_summary(runner.summary)
     assert runner.rows[: len(saved["rows"])] == saved["rows"]
-    dist = check_every_shard(runner, steps=4 * 32)
+    dist = check_every_shard(runner, steps=6 * 32)
     assert len(dist["shards"]) == 2 and dist["shards"][0]["role"] == "head"
 
 

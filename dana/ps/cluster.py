@@ -58,9 +58,19 @@ def import_ray() -> Any:
 
 @contextlib.contextmanager
 def ray_session(address: str | None, actors: int) -> Iterator[None]:
-    """Connect to (or start) Ray for one run; shut down what this call started."""
+    """Connect to (or start) Ray for one run; shut down what this call started. A Ray
+    this process has initialised already is used as it is; a cluster ``address`` other
+    than the one it is connected to is refused (DanaError)."""
     ray = import_ray()
     if ray.is_initialized():
+        current = ray.get_runtime_context().gcs_address
+        if address and address != "auto" and not address.startswith("ray://"):
+            if address != current:
+                raise DanaError(
+                    f"Ray is already initialised in this process, connected to {current}, "
+                    f"not to --address {address}: call ray.shutdown() first, or leave the "
+                    "address out to run on the Ray connected already"
+                )
         yield
         return
     options: dict[str, Any] = {
