@@ -143,11 +143,11 @@ def test_a_rebuilt_shard_is_the_lost_one():
     assert rebuilt.counters()["applied"] == [15, 15] and rebuilt.stopped
 
 
-def test_a_promoted_standby_is_its_head_and_takes_resent_pushes_once():
-    """Shard 0's standby, fed every call by its head, equals the head bit for bit; once
-    promoted, a push its lost head had applied is answered duplicate, and it relays to
-    shard 1 (which skips the calls it has run already)."""
-    config = tiny(algorithm="gap-aware", workers=2, servers=2, lr=0.1, warmup_epochs=0)
+def head_standby_and_shard_1(algorithm: str, seqs: int) -> tuple:
+    """Shard 0 of two parameters' halves, its standby and shard 1, wired by hand (no Ray),
+    for two workers; and ``step(server, w, seq)``: worker ``w``'s push ``seq`` (one of
+    ``seqs`` fixed random gradients per worker) and its pull, through ``server``."""
+    config = tiny(algorithm=algorithm, workers=2, servers=2, lr=0.1, warmup_epochs=0)
     d, half = 8, 4
     options = dict(d=d, batches_per_epoch=100, end=60, evals=[], checkpoints=[])
 
@@ -163,13 +163,23 @@ def test_a_promoted_standby_is_its_head_and_takes_resent_pushes_once():
     head.relay.standby = Direct(standby)  # (attach() would wait on a Ray reference)
     rng = np.random.default_rng(0)
     grads = {
-        (w, seq): rng.standard_normal(d).astype(np.float32) for w in (0, 1) for seq in range(1, 12)
+        (w, seq): rng.standard_normal(d).astype(np.float32)
+        for w in (0, 1)
+        for seq in range(1, seqs + 1)
     }
 
-    def step(server: ShardServer, w: int, seq: int) -> tuple:
+    def step(server: HeadServer, w: int, seq: int) -> tuple:
         g = grads[(w, seq)]
         return server.relay_exchange([Push(w, seq, g[:half], 1.0), Push(w, seq, g[half:])])
 
+    return head, standby, one, step
+
+
+def test_a_promoted_standby_is_its_head_and_takes_resent_pushes_once():
+    """Shard 0's standby, fed every call by its head, equals the head bit for bit; once
+    promoted, a push its lost head had applied is answered duplicate, and it relays to
+    shard 1 (which skips the calls it has run already)."""
+    head, standby, one, step = head_standby_and_shard_1("gap-aware", seqs=11)
     for w in (0, 1):
         head.relay_pull(w, True)
     assert standby.relay_pull(0)[0] == NOT_HEAD  # not promoted: it answers no worker
@@ -201,29 +211,7 @@ def test_a_head_taken_for_lost_that_runs_on_is_deposed_and_passes_nothing_on():
     of the same numbers) and answers its workers "not-head"; they go to the new head.
     Before, shard 1 ran the old head's call and skipped the new head's one of that number:
     a push lost on shard 1, another applied there alone (the chaos soak's failure)."""
-    config = tiny(algorithm="dana-slim", workers=2, servers=2, lr=0.1, warmup_epochs=0)
-    d, half = 8, 4
-    options = dict(d=d, batches_per_epoch=100, end=60, evals=[], checkpoints=[])
-
-    def shard(s: int, **kw: Any) -> ShardServer:
-        server = HeadServer if s == 0 else ShardServer
-        return server(config.to_dict(), s, np.zeros(half, np.float32), **options, **kw)
-
-    head, one = shard(0, peers=["shard1"], replicated=True), shard(1)
-    standby = shard(0, peers=["shard1"], standby=True)
-    head.relay.names = []  # (no Ray: the handles are set by hand)
-    head.begin(0.0)
-    head.relay.peers = [Direct(one)]
-    head.relay.standby = Direct(standby)
-    rng = np.random.default_rng(0)
-    grads = {
-        (w, seq): rng.standard_normal(d).astype(np.float32) for w in (0, 1) for seq in (1, 2, 3)
-    }
-
-    def step(server: HeadServer, w: int, seq: int) -> tuple:
-        g = grads[(w, seq)]
-        return server.relay_exchange([Push(w, seq, g[:half], 1.0), Push(w, seq, g[half:])])
-
+    head, standby, one, step = head_standby_and_shard_1("dana-slim", seqs=3)
     for w in (0, 1):
         head.relay_pull(w, True)
     for w in (0, 1):

@@ -4,8 +4,8 @@ For every finished (or diverged) run: ``config.json``, ``metrics.csv`` and
 ``summary.json``, under the same relative path; the sweep's ``sweep.json``, each cell's
 status that of its records in the copy (``finished``, ``diverged``; ``failed``, or
 ``pending`` where the copy has no run: not a rerun's ``skipped`` or a running sweep's
-``running``), and the cell files of failed cells. ``dana report`` reruns on the copy and gives the same report.
-Incomplete runs are left out: their numbers are not results yet.
+``running``), and the cell files of failed cells. ``dana report`` reruns on the copy and
+gives the same report. Incomplete runs are left out: their numbers are not results yet.
 """
 
 from __future__ import annotations

@@ -64,13 +64,13 @@ def ray_session(address: str | None, actors: int) -> Iterator[None]:
     ray = import_ray()
     if ray.is_initialized():
         current = ray.get_runtime_context().gcs_address
-        if address and address != "auto" and not address.startswith("ray://"):
-            if address != current:
-                raise DanaError(
-                    f"Ray is already initialised in this process, connected to {current}, "
-                    f"not to --address {address}: call ray.shutdown() first, or leave the "
-                    "address out to run on the Ray connected already"
-                )
+        named = address and address != "auto" and not address.startswith("ray://")
+        if named and address != current:
+            raise DanaError(
+                f"Ray is already initialised in this process, connected to {current}, "
+                f"not to --address {address}: call ray.shutdown() first, or leave the "
+                "address out to run on the Ray connected already"
+            )
         yield
         return
     options: dict[str, Any] = {

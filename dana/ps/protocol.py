@@ -12,8 +12,8 @@ A worker calls the head (shard 0), which relays (:mod:`dana.ps.head`):
   learning rate ``lr`` (``status`` :attr:`Status.PARAMS`), or no parameters:
   :attr:`Status.STOP` once the run is over, :attr:`Status.WAIT` while the staleness
   bound holds the worker, :attr:`Status.NOT_HEAD` from a standby not promoted yet or
-  a deposed head. ``join`` marks the first pull of a worker process; the reply tells it the sequence
-  number of its last push applied and how often it has joined. ``others``: the
+  a deposed head. ``join`` marks the first pull of a worker process; the reply tells it
+  the sequence number of its last push applied and how often it has joined. ``others``: the
   references of the other shards' :class:`Pulled` replies, which the worker fetches.
 - ``relay_push(parts) -> HeadPushed``: one :class:`Push` per shard (:func:`split`), the
   head's first; :attr:`Status.APPLIED`, :attr:`Status.LOCAL` (a local step, counted),
