@@ -471,7 +471,7 @@ def test_faults_at_random_moments(local_ray, tmp_path):
     runner, faults = run_with_faults(config, tmp_path / "run", actions)
     assert len(faults.done) == 6, faults.done
     assert [what for _, what in faults.done][-2:] == ["shard:1", "shard:1"]
-    dist = check_every_shard(runner, steps=6 * 32)
+    dist = check_every_shard(runner, steps=4 * 32)
     rebuilt = dist["shards_rebuilt"]
     assert [r["shard"] for r in rebuilt] == [1, 1]
     assert all(r["seconds"] < 30 for r in rebuilt)
