@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import socket
 import struct
 import time
@@ -366,7 +367,9 @@ def test_cpus_per_actor():
 class Faults(Progress):
     """Runs ``actions`` (``(steps, what)``, ``what``: ``"worker:i"``, ``"shard:s"`` (shard 0:
     the head of the moment), ``"standby:0"`` or ``"both:0"`` (the head and its standby)) once
-    the run has passed ``steps``; a shard or standby is killed for good, a worker restarts. Records
+    the run has passed ``steps``; a shard or standby is killed for good, a worker restarts. A
+    fault on shard 0 waits for a standby in place, and the workers are stopped (SIGSTOP) while
+    it waits, so that a slow rebuild on a loaded machine cannot let the run end first. Records
     the sockets Ray's processes listen on, and its actors' nice values, at the first update."""
 
     def __init__(self, runner: Any, actions: list[tuple[int, str]]):
@@ -374,6 +377,7 @@ class Faults(Progress):
         self.runner, self.actions, self.done = runner, sorted(actions), []
         self.sockets: list[tuple[str, int, int]] | None = None
         self.actor_nice: dict[str, int] = {}
+        self.held: list[int] = []  # the workers' processes stopped meanwhile
 
     def update(self, steps: int, loss: float) -> None:
         if self.sockets is None:
@@ -392,7 +396,9 @@ class Faults(Progress):
                 and index == "0"
                 and self.runner.shards.standby is None
             ):
+                self._hold_workers()
                 break  # a head (or standby) lost again only once a new standby is in place
+            self._release_workers()
             at, what = self.actions.pop(0)
             if kind == "worker":
                 ray.kill(self.runner.worker_actors[int(index)], no_restart=False)
@@ -406,6 +412,21 @@ class Faults(Progress):
             self.done.append((steps, what))
             if what == "shard:0":
                 break  # (the driver notices, and starts a new standby, before the next)
+
+    def _hold_workers(self) -> None:
+        if not self.held:
+            for pid in descendants(os.getpid()):
+                if command(pid).startswith("ray::Worker"):
+                    os.kill(pid, signal.SIGSTOP)
+                    self.held.append(pid)
+
+    def _release_workers(self) -> None:
+        for pid in self.held:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self.held = []
 
 
 def run_with_faults(config, out: Path, actions: list[tuple[int, str]]) -> tuple[Any, Faults]:

@@ -69,14 +69,17 @@ def test_the_model_file_is_safetensors_and_ties_weights_once(tmp_path):
 
     torch.manual_seed(0)
     model = build_language_model("transformer-1-32-16", 256)
-    path = save_model(tmp_path / "m.safetensors", model, {"model": "transformer-1-32-16",
-                      "kind": "tokens", "num_classes": 256})  # fmt: skip
+    info = {"model": "transformer-1-32-16", "kind": "tokens", "num_classes": 256}
+    path = save_model(tmp_path / "m.safetensors", model, info)
     with safe_open(str(path), framework="pt") as f:
         keys = set(f.keys())
     assert "tok.weight" in keys and "head.weight" not in keys  # stored once
     loaded = dana.load_model(path)
     assert loaded.head.weight is loaded.tok.weight
     assert torch.equal(flat(loaded), flat(model))
+    # The same module, the same bytes (a resumed run's file equals the uninterrupted one's):
+    again = [save_model(tmp_path / f"m{i}.safetensors", model, info).read_bytes() for i in range(6)]
+    assert all(b == path.read_bytes() for b in again)
 
 
 def test_mlflow_keeps_the_model_as_an_artifact(tmp_path):

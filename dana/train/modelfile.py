@@ -32,7 +32,7 @@ from dana.errors import DanaError
 #: The file's name in a run directory.
 MODEL_FILE = "model.safetensors"
 _META = "dana"
-_ALIASES = "dana.tied"
+_TIED = "tied"  # (in the metadata: tied parameter -> the one stored)
 
 
 def _import_safetensors() -> Any:
@@ -62,7 +62,9 @@ def save_model(path: str | os.PathLike[str], module: nn.Module, info: dict[str, 
             continue
         seen[key] = name
         tensors[name] = value.detach().to("cpu").clone().contiguous()
-    metadata = {_META: json.dumps(info, sort_keys=True), _ALIASES: json.dumps(aliases)}
+    # One metadata entry: safetensors writes its entries in no fixed order, and one
+    # entry keeps the file's bytes a function of the module alone.
+    metadata = {_META: json.dumps({**info, _TIED: aliases}, sort_keys=True)}
     write_atomic(path, st.save(tensors, metadata=metadata))
     return path
 
@@ -111,7 +113,7 @@ def load_model(
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
     info = json.loads(meta.get(_META, "{}"))
-    aliases = json.loads(meta.get(_ALIASES, "{}"))
+    aliases = info.pop(_TIED, {})
     if model is None:
         module = build_from_info(info)
     elif isinstance(model, nn.Module):
