@@ -184,15 +184,13 @@ def fake_run(
 # -- the Ray runtime's tests: one local Ray, tiny runs, their accounting, processes ------
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests on the session's in-process Ray (:func:`local_ray`) run in two groups
-    (pytest-xdist's ``--dist loadgroup``, pyproject's addopts), each in one process, one
-    test after another on that process's one Ray: the fault tests
-    (:data:`RAY_FAULT_MODULES`) and the others. The processes take the rest meanwhile,
-    the Ray tests that start Ray in a process of their own (a ``dana`` command, a
-    benchmark) among them: the Ray tests, which wait much of their time (deadlines,
+    """The tests marked ``ray`` run in two groups (pytest-xdist's ``--dist loadgroup``,
+    pyproject's addopts), each in one process, one test after another on that process's
+    one Ray: the fault tests (:data:`RAY_FAULT_MODULES`) and the others. The processes
+    take the rest meanwhile: the Ray tests, which wait much of their time (deadlines,
     modelled compute), overlap each other and the single-threaded ones."""
     for item in items:
-        if "local_ray" in getattr(item, "fixturenames", ()):
+        if item.get_closest_marker("ray") is not None:
             module = Path(str(item.fspath)).name
             group = "ray-faults" if module in RAY_FAULT_MODULES else "ray"
             item.add_marker(pytest.mark.xdist_group(group))

@@ -111,7 +111,7 @@ def test_sweeps_keep_models_unless_told_not_to(tmp_path):
 
 
 @pytest.mark.ray
-def test_a_ray_run_keeps_its_last_evaluated_model(local_ray, tmp_path):
+def test_a_ray_run_keeps_its_last_evaluated_model(tmp_path):
     pytest.importorskip("ray", reason="needs Ray: pip install 'ray>=2.9'")
     config = TrainConfig(
         **{**TINY, "model": "mlp", "workers": 2, "epochs": 1.0},
