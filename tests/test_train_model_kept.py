@@ -80,6 +80,15 @@ def test_the_model_file_is_safetensors_and_ties_weights_once(tmp_path):
     # The same module, the same bytes (a resumed run's file equals the uninterrupted one's):
     again = [save_model(tmp_path / f"m{i}.safetensors", model, info).read_bytes() for i in range(6)]
     assert all(b == path.read_bytes() for b in again)
+    # A file of 0.1.0 (its ties in a second metadata entry) still loads, tied:
+    import safetensors.torch
+
+    old = tmp_path / "old.safetensors"
+    tensors = {k: v for k, v in model.state_dict().items() if k != "head.weight"}
+    meta = {"dana": json.dumps(info), "dana.tied": json.dumps({"head.weight": "tok.weight"})}
+    safetensors.torch.save_file(tensors, str(old), metadata=meta)
+    reloaded = dana.load_model(old)
+    assert reloaded.head.weight is reloaded.tok.weight and torch.equal(flat(reloaded), flat(model))
 
 
 def test_mlflow_keeps_the_model_as_an_artifact(tmp_path):

@@ -113,7 +113,7 @@ def load_model(
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
     info = json.loads(meta.get(_META, "{}"))
-    aliases = info.pop(_TIED, {})
+    aliases = info.pop(_TIED, None) or json.loads(meta.get("dana.tied", "{}"))  # (0.1.0's)
     if model is None:
         module = build_from_info(info)
     elif isinstance(model, nn.Module):
