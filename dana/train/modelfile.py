@@ -33,6 +33,7 @@ from dana.errors import DanaError
 MODEL_FILE = "model.safetensors"
 _META = "dana"
 _TIED = "tied"  # (in the metadata: tied parameter -> the one stored)
+_TIED_0_1_0 = "dana.tied"  # (0.1.0 kept the ties in a second metadata entry)
 
 
 def _import_safetensors() -> Any:
@@ -113,7 +114,7 @@ def load_model(
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
     info = json.loads(meta.get(_META, "{}"))
-    aliases = info.pop(_TIED, None) or json.loads(meta.get("dana.tied", "{}"))  # (0.1.0's)
+    aliases = info.pop(_TIED, None) or json.loads(meta.get(_TIED_0_1_0, "{}"))
     if model is None:
         module = build_from_info(info)
     elif isinstance(model, nn.Module):
