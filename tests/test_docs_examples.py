@@ -27,11 +27,12 @@ def _run(block: str, page: Path) -> dict:
     return namespace
 
 
-def test_readme_shows_the_three_python_examples():
+def test_readme_shows_the_two_python_examples_and_points_to_dana_optim():
     blocks = [b for b in _blocks(README) if not _uses_ray(b)]
-    assert len(blocks) == 3
+    assert len(blocks) == 2
     assert "dana.simulate(" in blocks[0] and "dana.fit(" in blocks[1]
-    assert "dana.optim.Worker(" in blocks[2]
+    assert "docs/USAGE.md#dana-in-your-own-loop-danaoptim" in README.read_text()
+    assert any("dana.optim.Worker(" in b for b in _blocks(USAGE))
 
 
 def test_readme_shows_the_language_model_preset_and_the_install():

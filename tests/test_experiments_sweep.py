@@ -310,6 +310,7 @@ def swept(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_sweep_runs_every_cell_and_report_tabulates_and_plots_them(swept):
     names = {"dana-slim_k1_s0", "ssgd_k2_s0", "dana-slim_k2_s0", "ssgd_k4_s0", "dana-slim_k4_s0"}
     assert set(summaries(swept)) == names
@@ -342,6 +343,7 @@ def test_sweep_runs_every_cell_and_report_tabulates_and_plots_them(swept):
         assert f"({name}.png)" in (copy / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_rerunning_a_sweep_skips_finished_runs(swept, tmp_path):
     before = summaries(swept)
     result = dana("sweep", *TINY, "--algorithms", "ssgd,dana-slim", "--workers", "1,2,4",
@@ -355,12 +357,14 @@ def test_rerunning_a_sweep_skips_finished_runs(swept, tmp_path):
     assert {c["status"] for c in cells} == {"finished"}
 
 
+@pytest.mark.slow
 def test_a_sweep_refuses_a_directory_holding_runs_of_other_settings(swept):
     result = dana("sweep", *TINY, "--epochs", "0.75", "--algorithms", "ssgd", "--workers", "2",
                   "--out", str(swept), "--quiet", check=False)  # fmt: skip
     assert result.returncode == 2 and "other settings" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_sweep_reuses_finished_runs_of_the_same_settings(swept, tmp_path):
     out = tmp_path / "second"
     (out / "runs" / ".asgd_k2_s0.reuse").mkdir(parents=True)  # a copy a kill cut short
@@ -391,6 +395,7 @@ def test_a_sweep_reuses_finished_runs_of_the_same_settings(swept, tmp_path):
     assert not (tmp_path / "fourth").exists()
 
 
+@pytest.mark.slow
 def test_a_run_made_with_other_defaults_is_neither_reused_nor_taken_as_finished(swept, tmp_path):
     """summary.json records the hyper-parameters the algorithm ran with, defaults
     included: a run whose record differs from what its settings give now (a default
@@ -419,6 +424,7 @@ def test_a_run_made_with_other_defaults_is_neither_reused_nor_taken_as_finished(
     assert ReusableRuns([old]).find(options) == run.path
 
 
+@pytest.mark.slow
 def test_a_failing_run_does_not_stop_the_others(tmp_path):
     out = tmp_path / "results"
     result = dana("sweep", *TINY, "--algorithms", "asgd", "--workers", "2",
@@ -431,6 +437,7 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path):
     assert "| asgd (batch_size=4096) | failed |" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_resumes_and_a_checkpointed_run_continues(tmp_path):
     out = tmp_path / "results"
     args = ["sweep", *TINY, "--algorithms", "dana-slim", "--workers", "2", "--seeds", "0,1,2",
@@ -552,6 +559,7 @@ def test_more_seeds_are_due_where_the_seeds_spread_widely(tmp_path):
         SweepSpec.from_dict({"more_seeds": {"above_spread": "wide", "seeds": [2]}})
 
 
+@pytest.mark.slow
 def test_sweep_runs_the_further_seeds_it_finds_due(tmp_path):
     config = tmp_path / "sweep.yaml"
     config.write_text(

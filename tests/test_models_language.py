@@ -180,6 +180,7 @@ def test_the_local_sgd_line_runs_on_language_models(corpus, tmp_path, algorithm)
     assert summary["pushes"] > 0
 
 
+@pytest.mark.slow
 def test_text_quick_through_dana_sweep_and_dana_report(corpus, tmp_path):
     spec = load_preset("text-quick")
     assert spec.fixed["dataset"] == "text" and spec.fixed["model"] == "transformer-tiny"

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from clirun import ENV, run_dana
 
 from dana.errors import EXIT_PREEMPTED
@@ -76,6 +77,7 @@ def test_sigterm_checkpoints_mid_run_and_resume_equals_the_uninterrupted_run(tmp
     assert (cut / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
 
 
+@pytest.mark.slow
 def test_sigterm_on_a_sweep_checkpoints_its_runs_and_exits_75(tmp_path):
     spec = tmp_path / "sweep.yaml"
     spec.write_text(

@@ -392,6 +392,7 @@ def _metrics(path: Path) -> list[dict[str, str]]:
         return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in csv.DictReader(f)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "whole_mode, run_mode",
     [

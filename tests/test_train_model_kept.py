@@ -108,6 +108,7 @@ def test_mlflow_keeps_the_model_as_an_artifact(tmp_path):
     assert torch.equal(flat(dana.load_model(local)), flat(dana.load_model(out)))
 
 
+@pytest.mark.slow
 def test_sweeps_keep_models_unless_told_not_to(tmp_path):
     args = ["sweep", "--dataset", "synthetic", "--model", "linear", "--train-size", "128",
             "--test-size", "32", "--epochs", "0.5", "--batch-size", "32", "--algorithms",

@@ -56,6 +56,7 @@ def test_train_logs_params_metrics_summary_and_plots(tmp_path):
     assert {"config.json", "metrics.csv", "summary.json", "curves.png"} <= artifacts
 
 
+@pytest.mark.slow
 def test_sweep_tracks_every_run(tmp_path):
     client = _client(tmp_path / "mlruns")
     out = tmp_path / "sweep"
