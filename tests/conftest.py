@@ -186,21 +186,19 @@ def fake_run(
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests marked ``ray`` run in two groups (pytest-xdist's ``--dist loadgroup``,
     pyproject's addopts), each in one process, one test after another on that process's
-    one Ray: the fault tests (:data:`RAY_FAULT_MODULES`) and the others. The processes
+    one Ray: :data:`RAY_SECOND_GROUP_MODULES` and the others. The processes
     take the rest meanwhile: the Ray tests, which wait much of their time (deadlines,
     modelled compute), overlap each other and the single-threaded ones."""
     for item in items:
         if item.get_closest_marker("ray") is not None:
             module = Path(str(item.fspath)).name
-            group = "ray-faults" if module in RAY_FAULT_MODULES else "ray"
+            group = "ray-2" if module in RAY_SECOND_GROUP_MODULES else "ray"
             item.add_marker(pytest.mark.xdist_group(group))
 
 
-#: The Ray test modules of the second group (:func:`pytest_collection_modifyitems`), and
-#: the benchmarks' Ray smoke runs, which balance the groups: run one after another beside
-#: a busy core, the first group's tests took 730 s and this group's 404 s without them,
-#: 598 and 536 s with them.
-RAY_FAULT_MODULES = {
+#: The Ray test modules of the second group (:func:`pytest_collection_modifyitems`): the
+#: fault tests, and the benchmarks' Ray smoke runs so that both groups take about as long.
+RAY_SECOND_GROUP_MODULES = {
     "test_ps_faults.py", "test_ps_nodes.py", "test_ps_ray_job.py", "test_ps_membership.py",
     "test_ps_emulation.py", "test_bench_smoke.py",
 }  # fmt: skip
