@@ -151,20 +151,22 @@ def run_with_pauses(config, out: Path, actions: list[tuple[int, str]]) -> tuple[
 @needs_ray
 def test_hung_servers_past_the_deadline_are_lost_and_replaced(local_ray, tmp_path):
     """Shard 1 paused (SIGSTOP) for 1 s, then the standby, shard 1 and shard 0 for good,
-    with ``--server-timeout 3``: the short pause changes nothing; each long one is
+    with ``--server-timeout 5``: the short pause changes nothing; each long one is
     noticed within the deadline and repaired as a death is (the standby rebuilt, shard
     1 rebuilt, the standby promoted); every push applied once on every shard."""
-    config = tiny(workers=3, servers=2, epochs=8.0, time_scale=0.002, server_timeout=3.0)
+    # (5 s, not less: on two loaded cores a rebuilt shard's first replies, or the blinked
+    # one's after its SIGCONT, can take 3 s, and a slow reply past the deadline is a loss)
+    config = tiny(workers=3, servers=2, epochs=8.0, time_scale=0.002, server_timeout=5.0)
     actions = [(8, "blink:shard:1"), (16, "pause:standby:0"), (40, "pause:shard:1"),
                (64, "pause:shard:0")]  # fmt: skip
     runner, done = run_with_pauses(config, tmp_path / "run", actions)
     assert [what for _, what in done.done] == [what for _, what in actions], done.done
     dist = faults.check_every_shard(runner, steps=8 * 32, resent=True)
-    assert [r["shard"] for r in dist["shards_rebuilt"]] == [1]
-    assert (
-        len(dist["promotions"]) == 1 and dist["standbys_rebuilt"]
-    )  # (1 or 2: the run may end first)
-    print(json.dumps({k: dist[k] for k in ("shards_rebuilt", "promotions", "standbys_rebuilt")}))
+    repairs = json.dumps({k: dist[k] for k in ("shards_rebuilt", "promotions", "standbys_rebuilt")})
+    print(repairs)
+    assert [r["shard"] for r in dist["shards_rebuilt"]] == [1], repairs
+    assert len(dist["promotions"]) == 1, repairs
+    assert dist["standbys_rebuilt"], repairs  # (1 or 2: the run may end first)
 
 
 @pytest.mark.ray
