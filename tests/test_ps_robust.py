@@ -1,6 +1,6 @@
 """The Ray runtime's robustness on a real local Ray: a SIGTERMed run checkpoints and
 exits 75 (dana/train/preempt.py), a killed driver leaves no Ray process behind
-(dana/ps/reaper.py), and a hung server (SIGSTOP) past ``--server-timeout`` is lost as a
+(dana/ps/reaper.py) and its run resumes from the checkpoint, and a hung server (SIGSTOP) past ``--server-timeout`` is lost as a
 dead one is (dana/ps/group.py): the run goes on with every push applied once, or ends
 with exit status 4 and a message, never a silent hang."""
 
@@ -18,10 +18,12 @@ from typing import Any
 
 import pytest
 import test_ps_faults as faults
+import torch
 from conftest import descendants, needs_ray, run_on_ray, tiny
 
 from dana.errors import EXIT_PREEMPTED, FaultError
 from dana.ps.accounting import check_run
+from dana.train.rundir import RunDir
 
 try:
     import ray
@@ -93,12 +95,18 @@ def test_a_sigtermed_ray_run_checkpoints_exits_75_and_resumes_exactly(tmp_path):
 
 @pytest.mark.ray
 @needs_ray
-def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path):
-    """SIGKILL on the driver alone: its reaper kills every Ray process it started (the
-    GCS, the node manager, agents, servers, workers, standby) within seconds."""
+def test_a_killed_driver_leaves_no_ray_process_behind_and_resumes_from_its_checkpoint(tmp_path):
+    """SIGKILL on the driver alone, after its first checkpoint: its reaper kills every Ray
+    process it started (the GCS, the node manager, agents, servers, workers, standby)
+    within seconds; ``--resume`` then finishes the run from the checkpoint, its earlier
+    metrics rows unchanged and every push applied once on both shards."""
     out = tmp_path / "run"
-    proc = start(*RUN, "--epochs", "20", "--out", str(out))
-    wait_rows(out, 1, proc)
+    proc = start(*RUN, "--epochs", "4", "--checkpoint-every", "1", "--out", str(out))
+    deadline = time.time() + 240
+    while not (out / "checkpoint.pt").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "no checkpoint after 240 s"
+        time.sleep(0.1)
     time.sleep(1.0)  # (the reaper notes the processes every 0.5 s)
     before = descendants(proc.pid) - {proc.pid}
     assert len(before) > 5, before  # GCS, raylet, agents, 2 workers, 2 shards, standby...
@@ -109,6 +117,19 @@ def test_a_killed_driver_leaves_no_ray_process_behind(tmp_path):
         time.sleep(0.2)
     left = {pid: faults.command(pid) for pid in before if alive(pid)}
     assert not left, left
+    assert not (out / "summary.json").exists(), "the run ended before it was killed"
+
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    resumed = start("train", "--resume", str(out), "--quiet")
+    _, err = resumed.communicate(timeout=400)
+    assert resumed.returncode == 0, err
+    rows = RunDir(out).read_metrics()
+    assert [r["epoch"] for r in rows] == [0.5 * i for i in range(9)]
+    assert rows[: len(saved["rows"])] == [pytest.approx(r, nan_ok=True) for r in saved["rows"]]
+    dist = json.loads((out / "dist.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    problems = check_run(dist, summary, 4 * 32)  # every push applied once on both shards
+    assert not problems, problems
 
 
 class Pauses(faults.Faults):

@@ -1,8 +1,7 @@
 """The Ray runtime (dana.ps): protocol units without Ray, then real runs on a local Ray.
 
 The unit tests drive a :class:`HeadServer` (shard 0), a :class:`ShardServer` and a
-:class:`LogMerger` directly. The tests marked ``ray`` start one local Ray for the module
-(and, for the driver-crash test, two ``dana train`` processes with their own), train
+:class:`LogMerger` directly. The tests marked ``ray`` use the session's local Ray, train
 tiny models on synthetic data and check the results and the runtime's accounting: every
 push a worker numbered is applied once or refused after the run's end, never twice,
 none skipped.
@@ -11,12 +10,8 @@ none skipped.
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -593,76 +588,3 @@ def test_the_cli_refuses_to_shard_yellowfin(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "yellowfin" in err and "use --servers 1" in err
     assert not out.exists()  # refused before anything started
-
-
-def ray_processes() -> dict[int, tuple[int, int, str]]:
-    """Ray's processes on this machine: pid -> (parent pid, process group, name)."""
-    out = subprocess.run(["ps", "-eo", "pid=,ppid=,pgid=,comm="], capture_output=True, text=True)
-    names = ("ray::", "raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py")
-    procs = {}
-    for line in out.stdout.splitlines():
-        pid, ppid, pgid, comm = line.split(None, 3)
-        if any(n in comm for n in names):
-            procs[int(pid)] = (int(ppid), int(pgid), comm)
-    return procs
-
-
-def leaked(before: dict[int, Any], group: int) -> dict[int, Any]:
-    """New Ray processes in ``group`` or orphaned (not this module's live Ray's)."""
-    for _ in range(40):
-        left = {
-            pid: p
-            for pid, p in ray_processes().items()
-            if pid not in before and (p[1] == group or p[0] == 1)
-        }
-        if not left:
-            break
-        time.sleep(0.25)
-    return left
-
-
-@pytest.mark.ray
-@requires_ray
-def test_a_killed_driver_resumes_from_its_checkpoint(tmp_path):
-    out = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    command = [sys.executable, "-m", "dana.cli", "train", "--backend", "ray"]
-    options = [  # (no standby: a driver's loss is the point here; one actor less to start)
-        "--no-standby", "--algorithm", "dana-slim", "--workers", "2", "--dataset", "synthetic",
-        "--model", "mlp", "--train-size", "1024", "--test-size", "256", "--epochs", "4",
-        "--batch-size", "32", "--lr", "0.05", "--checkpoint-every", "1",
-        "--time-scale", "0.0002", "--quiet", "--out", str(out),
-    ]  # fmt: skip
-    before = ray_processes()
-    driver = subprocess.Popen(
-        command + options, env=env, start_new_session=True, stdout=subprocess.DEVNULL
-    )
-    try:
-        deadline = time.time() + 120
-        while not (out / "checkpoint.pt").exists():
-            assert driver.poll() is None, "the run ended before its first checkpoint"
-            assert time.time() < deadline, "no checkpoint after 120 s"
-            time.sleep(0.1)
-    finally:
-        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started
-        driver.wait()
-    saved = torch.load(out / "checkpoint.pt", weights_only=True)
-    assert not (out / "summary.json").exists()
-    done = subprocess.run(
-        [sys.executable, "-m", "dana.cli", "train", "--resume", str(out), "--quiet"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads((out / "summary.json").read_text())
-    rows = RunDir(out).read_metrics()
-    assert [r["epoch"] for r in rows] == [0, 1, 2, 3, 4]
-    assert rows[: len(saved["rows"])] == [pytest.approx(r, nan_ok=True) for r in saved["rows"]]
-    assert summary["pushes"] == summary["updates"] == 4 * 32
-    assert rows[-1]["test_loss"] < 0.75 * rows[0]["test_loss"]
-    dist = json.loads((out / "dist.json").read_text())
-    assert dist["shards"][0]["seq_gaps"] == 0
-    assert sum(dist["shards"][0]["applied"]) == 4 * 32
-    assert not leaked(before, driver.pid), "Ray processes left behind"
