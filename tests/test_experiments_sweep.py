@@ -310,7 +310,12 @@ def swept(tmp_path_factory) -> Path:
     return out
 
 
+#: The tests of one finished sweep run in one xdist process, which runs the sweep once.
+uses_swept = pytest.mark.xdist_group("swept")
+
+
 @pytest.mark.slow
+@uses_swept
 def test_sweep_runs_every_cell_and_report_tabulates_and_plots_them(swept):
     names = {"dana-slim_k1_s0", "ssgd_k2_s0", "dana-slim_k2_s0", "ssgd_k4_s0", "dana-slim_k4_s0"}
     assert set(summaries(swept)) == names
@@ -344,6 +349,7 @@ def test_sweep_runs_every_cell_and_report_tabulates_and_plots_them(swept):
 
 
 @pytest.mark.slow
+@uses_swept
 def test_rerunning_a_sweep_skips_finished_runs(swept, tmp_path):
     before = summaries(swept)
     result = dana("sweep", *TINY, "--algorithms", "ssgd,dana-slim", "--workers", "1,2,4",
