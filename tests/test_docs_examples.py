@@ -53,8 +53,8 @@ def test_python_examples_run(page):
 
 
 @pytest.mark.ray
-def test_ray_examples_run():
-    pytest.importorskip("ray", reason="needs Ray: pip install 'ray>=2.9'")
+def test_ray_examples_run(local_ray):
+    """On the session's local Ray (one Ray start fewer), which the examples find and use."""
     blocks = [(b, page) for page in PAGES for b in _blocks(page) if _uses_ray(b)]
     assert blocks
     for block, page in blocks:

@@ -121,8 +121,7 @@ def test_sweeps_keep_models_unless_told_not_to(tmp_path):
 
 
 @pytest.mark.ray
-def test_a_ray_run_keeps_its_last_evaluated_model(tmp_path):
-    pytest.importorskip("ray", reason="needs Ray: pip install 'ray>=2.9'")
+def test_a_ray_run_keeps_its_last_evaluated_model(tmp_path, local_ray):
     config = TrainConfig(
         **{**TINY, "model": "mlp", "workers": 2, "epochs": 1.0},
         backend="ray", checkpoint_every=1.0,
