@@ -364,6 +364,7 @@ def test_rerunning_a_sweep_skips_finished_runs(swept, tmp_path):
 
 
 @pytest.mark.slow
+@uses_swept
 def test_a_sweep_refuses_a_directory_holding_runs_of_other_settings(swept):
     result = dana("sweep", *TINY, "--epochs", "0.75", "--algorithms", "ssgd", "--workers", "2",
                   "--out", str(swept), "--quiet", check=False)  # fmt: skip
@@ -371,6 +372,7 @@ def test_a_sweep_refuses_a_directory_holding_runs_of_other_settings(swept):
 
 
 @pytest.mark.slow
+@uses_swept
 def test_a_sweep_reuses_finished_runs_of_the_same_settings(swept, tmp_path):
     out = tmp_path / "second"
     (out / "runs" / ".asgd_k2_s0.reuse").mkdir(parents=True)  # a copy a kill cut short
@@ -402,6 +404,7 @@ def test_a_sweep_reuses_finished_runs_of_the_same_settings(swept, tmp_path):
 
 
 @pytest.mark.slow
+@uses_swept
 def test_a_run_made_with_other_defaults_is_neither_reused_nor_taken_as_finished(swept, tmp_path):
     """summary.json records the hyper-parameters the algorithm ran with, defaults
     included: a run whose record differs from what its settings give now (a default
