@@ -1,8 +1,9 @@
 """The Ray runtime's robustness on a real local Ray: a SIGTERMed run checkpoints and
 exits 75 (dana/train/preempt.py), a killed driver leaves no Ray process behind
-(dana/ps/reaper.py) and its run resumes from the checkpoint, and a hung server (SIGSTOP) past ``--server-timeout`` is lost as a
-dead one is (dana/ps/group.py): the run goes on with every push applied once, or ends
-with exit status 4 and a message, never a silent hang."""
+(dana/ps/reaper.py) and its run resumes from the checkpoint, and a hung server (SIGSTOP)
+past ``--server-timeout`` is lost as a dead one is (dana/ps/group.py): the run goes on
+with every push applied once, or ends with exit status 4 and a message, never a silent
+hang."""
 
 from __future__ import annotations
 
