@@ -31,10 +31,13 @@ try:
 except ImportError:
     ray = None
 
+#: A ``dana train`` on Ray whose steps are paced (``--time-scale``) to about 2.2 s an epoch,
+#: so that a signal after its first rows or its first checkpoint lands mid-run (a loaded
+#: machine only slows it); 0.004 paced it to 9 s an epoch, most of these tests' time.
 RUN = ["train", "--backend", "ray", "--algorithm", "asgd", "--workers", "2", "--servers", "2",
        "--dataset", "synthetic", "--model", "mlp", "--train-size", "1024", "--test-size", "256",
        "--batch-size", "32", "--lr", "0.2", "--warmup-epochs", "0.5", "--eval-every", "0.5",
-       "--time-scale", "0.004", "--quiet"]  # fmt: skip
+       "--time-scale", "0.001", "--quiet"]  # fmt: skip
 
 
 def start(*args: str) -> subprocess.Popen:
