@@ -611,7 +611,7 @@ def test_without_a_standby_the_loss_of_shard_0_exits_4_then_resumes_exactly(
         "train", "--backend", "ray", "--no-standby", "--algorithm", "dana-slim",
         "--workers", "3", "--dataset", "synthetic", "--model", "mlp", "--train-size", "1024",
         "--test-size", "256", "--epochs", "4", "--batch-size", "32", "--lr", "0.05",
-        "--warmup-epochs", "0.5", "--checkpoint-every", "1", "--time-scale", "0.002",
+        "--warmup-epochs", "0.5", "--checkpoint-every", "1", "--time-scale", "0.001",
         "--quiet", "--out", str(out),
     ]  # fmt: skip
     assert main(options) == 4
