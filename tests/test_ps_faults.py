@@ -644,7 +644,7 @@ def test_bounded_staleness_across_a_promotion(local_ray, tmp_path):
     """``--max-staleness 0`` with 3 workers (one computes at a time, two always wait):
     shard 0 killed mid-run; the promoted standby, which knows who waits, lets them go
     and keeps the bound; the run completes, every push applied once."""
-    config = tiny(algorithm="dana-slim", workers=3, servers=1, max_staleness=0, time_scale=0.001)
+    config = tiny(algorithm="dana-slim", workers=3, servers=1, max_staleness=0, time_scale=0.0005)
     runner, faults = run_with_faults(config, tmp_path / "run", [(15, "shard:0")])
     assert [what for _, what in faults.done] == ["shard:0"]
     assert len(runner.shards.spare.promotions) == 1
