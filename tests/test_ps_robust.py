@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +53,53 @@ def start(*args: str) -> subprocess.Popen:
     )
 
 
-def wait_rows(out: Path, rows: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+def wait_for(
+    done: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = 240
+) -> None:
+    """Return once ``done()`` holds while ``proc`` runs; else kill ``proc`` and fail,
+    naming ``what`` (what was awaited)."""
     deadline = time.time() + timeout
-    metrics = out / "metrics.csv"
     while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) > rows:
+        if done():
             return
         time.sleep(0.1)
     proc.kill()
-    raise AssertionError(f"no {rows} metrics rows within {timeout} s: {proc.communicate()}")
+    raise AssertionError(f"no {what} within {timeout} s: {proc.communicate()}")
+
+
+def wait_rows(out: Path, rows: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    metrics = out / "metrics.csv"
+
+    def written() -> bool:
+        return metrics.exists() and len(metrics.read_text().splitlines()) > rows
+
+    wait_for(written, proc, f"{rows} metrics rows", timeout)
+
+
+def ray_processes() -> dict[int, tuple[int, int, str]]:
+    """Ray's processes on this machine: pid -> (parent pid, process group, name)."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,pgid=,comm="], capture_output=True, text=True)
+    names = ("ray::", "raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py")
+    procs = {}
+    for line in out.stdout.splitlines():
+        pid, ppid, pgid, comm = line.split(None, 3)
+        if any(n in comm for n in names):
+            procs[int(pid)] = (int(ppid), int(pgid), comm)
+    return procs
+
+
+def leaked(before: dict[int, Any], group: int) -> dict[int, Any]:
+    """New Ray processes in ``group`` or orphaned (not in ``before``)."""
+    for _ in range(40):
+        left = {
+            pid: p
+            for pid, p in ray_processes().items()
+            if pid not in before and (p[1] == group or p[0] == 1)
+        }
+        if not left:
+            break
+        time.sleep(0.25)
+    return left
 
 
 def alive(pid: int) -> bool:
@@ -106,11 +145,7 @@ def test_a_killed_driver_leaves_no_ray_process_behind_and_resumes_from_its_check
     metrics rows unchanged and every push applied once on both shards."""
     out = tmp_path / "run"
     proc = start(*RUN, "--epochs", "4", "--checkpoint-every", "1", "--out", str(out))
-    deadline = time.time() + 240
-    while not (out / "checkpoint.pt").exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "no checkpoint after 240 s"
-        time.sleep(0.1)
+    wait_for((out / "checkpoint.pt").exists, proc, "checkpoint")
     time.sleep(1.0)  # (the reaper notes the processes every 0.5 s)
     before = descendants(proc.pid) - {proc.pid}
     assert len(before) > 5, before  # GCS, raylet, agents, 2 workers, 2 shards, standby...
@@ -124,14 +159,18 @@ def test_a_killed_driver_leaves_no_ray_process_behind_and_resumes_from_its_check
     assert not (out / "summary.json").exists(), "the run ended before it was killed"
 
     saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    running = ray_processes()
     resumed = start("train", "--resume", str(out), "--quiet")
     _, err = resumed.communicate(timeout=400)
     assert resumed.returncode == 0, err
+    assert not leaked(running, resumed.pid), "the resumed run left Ray processes behind"
     rows = RunDir(out).read_metrics()
     assert [r["epoch"] for r in rows] == [0.5 * i for i in range(9)]
     assert rows[: len(saved["rows"])] == [pytest.approx(r, nan_ok=True) for r in saved["rows"]]
+    assert rows[-1]["test_loss"] < 0.75 * rows[0]["test_loss"]
     dist = json.loads((out / "dist.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["pushes"] == summary["updates"] == 4 * 32
     problems = check_run(dist, summary, 4 * 32)  # every push applied once on both shards
     assert not problems, problems
 
