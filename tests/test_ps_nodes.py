@@ -34,7 +34,7 @@ def test_two_nodes_the_second_lost_mid_run(tmp_path):
     env.update(
         HOME=str(home), RAY_AUTH_MODE="token", RAY_health_check_period_ms="500",
         RAY_health_check_failure_threshold="3", RAY_health_check_initial_delay_ms="0",
-        OMP_NUM_THREADS="1",
+        OMP_NUM_THREADS="1", RAY_worker_niceness="0",
     )  # fmt: skip
     head_ip, port = outward_ip(), free_port()
     ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]
