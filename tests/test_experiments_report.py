@@ -231,6 +231,30 @@ def test_the_error_plot_marks_a_cell_where_every_seed_diverged(tmp_path):
     assert ax.get_ylim()[1] <= 100
 
 
+def test_a_run_at_chance_is_off_scale_and_the_rest_stay_readable(tmp_path):
+    """One k (as fashion-k64): a run at chance (90%) beside runs at 9-14% is marked off
+    scale at the top edge, the axis ends below 20% so that the baseline (8.7%) and
+    the others are told apart, and every jittered point lies inside the x axis."""
+    _baseline(tmp_path, finals=(0.087, 0.087), first=0.6)
+    for name, final in [
+        ("dana-slim", 0.094),
+        ("asgd", 0.096),
+        ("multi-asgd", 0.141),
+        ("nag-asgd", 0.90),
+        ("dana-zero", 0.096),
+        ("dana-ga", 0.095),
+    ]:
+        fake_run(tmp_path, name, name, 64, 0, [0.9, 0.5, final])
+    ax = plots.error_vs_workers_figure(load_results(tmp_path)).axes[0]
+    bottom, top = ax.get_ylim()
+    assert bottom < 8.7 < 14.1 < top < 20
+    assert "off scale (at the top edge)" in _labels(ax)
+    left, right = ax.get_xlim()
+    points = [line for line in ax.get_lines() if line.get_label() != "baseline k=1"]
+    xs = [x for line in points for x in line.get_xdata()]
+    assert xs and all(left < x < right for x in xs)
+
+
 def test_the_speedup_plot_says_why_a_cell_is_missing(tmp_path):
     _baseline(tmp_path, first=0.6)
     # k=4: ssgd reaches 20% at time 50, dana-slim at 25, nag-asgd diverges, multi-asgd
