@@ -13,8 +13,9 @@ exception prints its traceback and exits 1, a signal ends it as it would any pro
 The result is a :class:`subprocess.CompletedProcess`, as ``subprocess.run`` returns.
 
 Where fork is not available (not POSIX) it falls back to ``python -m dana.cli``.
-Tests that kill a run midway, or need another environment, start the command
-themselves.
+Tests that signal a run midway start it in a real interpreter (:func:`start`) and wait
+for what they signal after (:func:`wait_for`, :func:`wait_rows`); those that need
+another environment start the command themselves.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 #: The environment of every command: the tests' own, one OpenMP thread.
@@ -188,3 +190,41 @@ def kill_at_first_checkpoint(*args: str | Path, out: Path, timeout: float = 120)
     proc.wait()
     assert (out / "checkpoint.pt").exists()
     assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+
+
+def start(*args: str) -> subprocess.Popen:
+    """``dana ARGS`` in a real interpreter (a signal must hit a real process, not a fork
+    of the helper), in a session of its own, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "dana.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for(
+    done: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = 240
+) -> None:
+    """Return once ``done()`` holds while ``proc`` runs; else kill ``proc`` and fail,
+    naming ``what`` (what was awaited)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if done():
+            return
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"no {what} within {timeout} s: {proc.communicate()}")
+
+
+def wait_rows(out: Path, rows: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    """:func:`wait_for` more than ``rows`` lines in ``OUT/metrics.csv`` (its header and
+    ``rows`` evaluations)."""
+    metrics = out / "metrics.csv"
+
+    def written() -> bool:
+        return metrics.exists() and len(metrics.read_text().splitlines()) > rows
+
+    wait_for(written, proc, f"{rows} metrics rows", timeout)

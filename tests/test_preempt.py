@@ -7,13 +7,10 @@ from __future__ import annotations
 import csv
 import json
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from clirun import ENV, run_dana
+from clirun import run_dana, start, wait_for, wait_rows
 
 from dana.errors import EXIT_PREEMPTED
 
@@ -28,35 +25,13 @@ def rows(path: Path) -> list[dict[str, str]]:
         return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in csv.DictReader(f)]
 
 
-def start(*args: str) -> subprocess.Popen:
-    """``dana ARGS`` in a real interpreter (a signal must hit a real process)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "dana.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=ENV,
-        text=True,
-    )
-
-
-def wait_for(path: Path, timeout: float = 120, rows_at_least: int = 0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if path.exists() and (
-            not rows_at_least or len(path.read_text().splitlines()) > rows_at_least
-        ):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{path} did not appear within {timeout} s")
-
-
 def test_sigterm_checkpoints_mid_run_and_resume_equals_the_uninterrupted_run(tmp_path):
     whole = tmp_path / "whole"
     assert run_dana("train", *ARGS, "--out", str(whole)).returncode == 0
 
     cut = tmp_path / "cut"
     proc = start("train", *ARGS, "--out", str(cut))
-    wait_for(cut / "metrics.csv", rows_at_least=2)  # past the first evaluations
+    wait_rows(cut, 2, proc, timeout=120)  # past the first evaluations
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == EXIT_PREEMPTED, err
@@ -86,12 +61,12 @@ def test_sigterm_on_a_sweep_checkpoints_its_runs_and_exits_75(tmp_path):
     )
     out = tmp_path / "sweep"
     proc = start("sweep", "--config", str(spec), "--out", str(out), "--jobs", "2")
-    deadline = time.time() + 120
-    while time.time() < deadline:
+
+    def both_evaluated() -> bool:
         metrics = list(out.glob("runs/*/metrics.csv"))
-        if len(metrics) == 2 and all(len(m.read_text().splitlines()) > 2 for m in metrics):
-            break
-        time.sleep(0.1)
+        return len(metrics) == 2 and all(len(m.read_text().splitlines()) > 2 for m in metrics)
+
+    wait_for(both_evaluated, proc, "two runs past their first evaluations", timeout=120)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == EXIT_PREEMPTED, err

@@ -11,16 +11,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import test_ps_faults as faults
 import torch
+from clirun import start, wait_for, wait_rows
 from conftest import descendants, needs_ray, run_on_ray, tiny
 
 from dana.errors import EXIT_PREEMPTED, FaultError
@@ -39,41 +38,6 @@ RUN = ["train", "--backend", "ray", "--algorithm", "asgd", "--workers", "2", "--
        "--dataset", "synthetic", "--model", "mlp", "--train-size", "1024", "--test-size", "256",
        "--batch-size", "32", "--lr", "0.2", "--warmup-epochs", "0.5", "--eval-every", "0.5",
        "--time-scale", "0.001", "--quiet"]  # fmt: skip
-
-
-def start(*args: str) -> subprocess.Popen:
-    """``dana ARGS`` in a real interpreter, in a session of its own."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "dana.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        text=True,
-        start_new_session=True,
-    )
-
-
-def wait_for(
-    done: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = 240
-) -> None:
-    """Return once ``done()`` holds while ``proc`` runs; else kill ``proc`` and fail,
-    naming ``what`` (what was awaited)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if done():
-            return
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"no {what} within {timeout} s: {proc.communicate()}")
-
-
-def wait_rows(out: Path, rows: int, proc: subprocess.Popen, timeout: float = 240) -> None:
-    metrics = out / "metrics.csv"
-
-    def written() -> bool:
-        return metrics.exists() and len(metrics.read_text().splitlines()) > rows
-
-    wait_for(written, proc, f"{rows} metrics rows", timeout)
 
 
 def ray_processes() -> dict[int, tuple[int, int, str]]:
