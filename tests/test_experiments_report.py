@@ -371,6 +371,24 @@ def test_the_report_ranks_the_methods_on_each_cluster(tmp_path):
     assert (tmp_path / "out" / "class_shares.png").is_file()
 
 
+def test_the_time_plot_is_logarithmic_and_shows_the_targets(tmp_path):
+    """The one-worker baseline takes k times as long: simulated time is on a log axis
+    (without the evaluation at time 0), the two targets are dotted lines, and the y axis
+    ends at 3x the higher one (the first evaluations at 90% leave through the top)."""
+    _clusters_runs(tmp_path)
+    results = load_results(tmp_path)
+    views = {label: (sub, choose_targets(sub)) for label, sub in results.panels().items()}
+    fig = plots.error_vs_time_figure(views)
+    ax = fig.axes[0]  # cluster fast, k = 4: the baseline ends at 10%, asgd at 10.3%
+    assert ax.get_xscale() == "log"
+    targets = [line for line in ax.get_lines() if line.get_label() == "targets (time to reach)"]
+    curves = [line for line in ax.get_lines() if line not in targets]
+    assert len(curves) == 3 and all(min(line.get_xdata()) > 0 for line in curves)
+    assert sorted(round(line.get_ydata()[0], 6) for line in targets) == [10.5, 11.0]
+    bottom, top = ax.get_ylim()
+    assert bottom < 10.0 and top == pytest.approx(33.0)
+
+
 def test_a_report_without_clusters_is_unchanged_by_them(tmp_path):
     _claim_runs(tmp_path)
     text = build_report(tmp_path, tmp_path / "out").markdown

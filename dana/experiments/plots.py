@@ -13,8 +13,8 @@ with its perplexity, ``exp(loss)``, on a second axis).
   it (a hollow triangle: at least this much, where ssgd never reached the target), and
   a grid of every cell's speed-up or why it has none; drawn only when some cell has a
   speed-up or a bound (the report says why there is none otherwise);
-- ``error_vs_time.png`` (runs on a cluster): test error against simulated time, one
-  panel per cluster (and data split) and k;
+- ``error_vs_time.png`` (runs on a cluster): test error against simulated time (log
+  scale), one panel per cluster (and data split) and k, the targets dotted;
 - ``class_shares.png`` (runs with the bias meter): each class's share of the applied
   updates minus its share of the data.
 
@@ -463,39 +463,69 @@ def mean_time_curve(group: Group) -> tuple[np.ndarray, np.ndarray]:
     return times, errors
 
 
-def plot_error_vs_time(panels: dict[str, Results], path: Path) -> Path:
-    """``error_vs_time.png``: test error against simulated time, one panel per cluster
-    (and data split) and worker count k > 1, one line per method (mean over seeds), the
-    panel's one-worker baseline dashed."""
+#: The time plot's y axis ends at this many times the panel's highest time-to-target
+#: target (never above 100%): the curves' approach to the targets fills the panel, and
+#: the first evaluations near chance leave through the top.
+TIME_PLOT_CLIP_FACTOR = 3.0
+
+
+def error_vs_time_figure(views: dict[str, tuple[Results, list[Target]]]):
+    """The figure of ``error_vs_time.png``: the metric against simulated time (log
+    scale: a one-worker baseline takes about k times as long as the runs it is compared
+    with), one panel per cluster (and data split) and worker count k > 1, one line per
+    method (mean over seeds), the panel's one-worker baseline dashed and its
+    time-to-target targets dotted; the y axis ends at :data:`TIME_PLOT_CLIP_FACTOR`
+    times the highest target."""
     cells = [
-        (label, k, results)
-        for label, results in panels.items()
+        (label, k, results, targets)
+        for label, (results, targets) in views.items()
         for k in ([k for k in results.worker_counts if k > 1] or results.worker_counts)
     ]
     cols = min(3, len(cells))
     nrows = math.ceil(len(cells) / cols)
     fig, axes = subplots(nrows, cols, figsize=(5.5 * cols, 4 * nrows), squeeze=False)
-    rows = list(dict.fromkeys(r for results in panels.values() for r in results.rows))
+    rows = list(dict.fromkeys(r for results, _ in views.values() for r in results.rows))
     styles = _styles(rows)
-    for ax, (label, k, results) in zip(axes.flat, cells):
+    for ax, (label, k, results, targets) in zip(axes.flat, cells):
+        curves = []
         base = results.baseline()
         if base is not None:
-            ax.plot(*mean_time_curve(base), "k--", lw=1.2, label=f"{base.row} k=1 (baseline)")
+            curves.append((base, dict(color="k", ls="--", lw=1.2), f"{base.row} k=1 (baseline)"))
         for row in results.rows:
             group = results.group(row, k)
-            if group is None or group is base:
-                continue
-            ax.plot(*mean_time_curve(group), **styles[row], marker=".", ms=3, label=row)
+            if group is not None and group is not base:
+                curves.append((group, dict(**styles[row], marker=".", ms=3), row))
+        shown: list[float] = []
+        for group, style, name in curves:
+            times, values = mean_time_curve(group)
+            after_start = times > 0  # the evaluation at time 0 has no place on a log axis
+            ax.plot(times[after_start], values[after_start], **style, label=name)
+            shown += list(values[after_start])
+        scale = results.metric.scale
+        levels = [scale * t.value for t in targets if t.skip is None]
+        for level in levels:
+            ax.axhline(level, color="0.4", ls=":", lw=1.0, label="targets (time to reach)")
+        if levels and shown:
+            top = TIME_PLOT_CLIP_FACTOR * max(levels)
+            if results.metric.is_error:
+                top = min(top, 100.0)
+            low = min(min(shown), min(levels))
+            ax.set_ylim(low - 0.05 * (top - low), min(top, max(shown + levels)))
         title = f"{label}, k = {k}" if label else f"k = {k}"
         ylabel = results.metric.title.replace(" (perplexity)", "")
-        ax.set(title=title, xlabel="simulated time (s)", ylabel=ylabel)
-        ax.grid(alpha=0.3)
+        ax.set(title=title, xlabel="simulated time (s, log scale)", ylabel=ylabel)
+        ax.set_xscale("log")
+        ax.grid(alpha=0.3, which="both")
     for ax in list(axes.flat)[len(cells) :]:
         ax.axis("off")
     fig.tight_layout()
     handles, labels = _legend_entries(axes)
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    return _save(fig, path)
+    return fig
+
+
+def plot_error_vs_time(views: dict[str, tuple[Results, list[Target]]], path: Path) -> Path:
+    return _save(error_vs_time_figure(views), path)
 
 
 def plot_class_shares(panels: dict[str, Results], path: Path) -> Path:

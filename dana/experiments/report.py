@@ -133,9 +133,7 @@ def build_report(
     on_cluster = any(r.config.get("cluster") is not None for r in results.runs)
     if on_cluster or panels:
         lines += _which_first(views, level=2)
-        files.append(
-            plots.plot_error_vs_time({k: v[0] for k, v in views.items()}, out / "error_vs_time.png")
-        )
+        files.append(plots.plot_error_vs_time(views, out / "error_vs_time.png"))
     if has_class_counts(results):
         lines += _bias(views, level=2)
         files.append(
