@@ -389,6 +389,23 @@ def test_the_time_plot_is_logarithmic_and_shows_the_targets(tmp_path):
     assert bottom < 10.0 and top == pytest.approx(33.0)
 
 
+def test_the_bias_plot_shares_its_axis_and_dashes_the_baseline(tmp_path):
+    """Panels share the y axis (an IID split's tiny deviations stay flat beside another
+    split's points); the one-worker baseline is the dashed black line, not a line in the
+    colour of its own algorithm at k > 1."""
+    _clusters_runs(tmp_path)
+    even = {"applied_class_counts": [50, 50], "data_class_counts": [50, 50]}
+    fake_run(tmp_path, "base_fast_counted", "dana-slim", 1, 2, [0.9, 0.5, 0.3, 0.10],
+             cluster=_cluster("fast"), summary_extra=even)  # fmt: skip
+    fig = plots.class_shares_figure(load_results(tmp_path).panels())
+    fast, slow = fig.axes[:2]
+    assert fast.get_shared_y_axes().joined(fast, slow)
+    lines = {line.get_label(): line for line in fast.get_lines()}
+    base = lines["dana-slim k=1 (baseline)"]
+    assert base.get_linestyle() == "--" and base.get_color() == "k"
+    assert list(lines["asgd k=4"].get_ydata()) == [25.0, -25.0]
+
+
 def test_a_report_without_clusters_is_unchanged_by_them(tmp_path):
     _claim_runs(tmp_path)
     text = build_report(tmp_path, tmp_path / "out").markdown
