@@ -37,7 +37,7 @@ RANKING_RULE = (
     "(+ 1 pp, + 0.02), then by the final value; a time is the mean over seeds, defined "
     "when every seed reached the target (times in simulated seconds). The rank by final "
     "value is the order of its mean over the seeds that did not diverge (a method whose "
-    "every seed diverged last)."
+    "every seed diverged last). The one-worker baseline's own times come first, unranked."
 )
 BIAS_RULE = (
     "Each class's share of the examples behind the pushes the master applied (a local "
@@ -99,25 +99,36 @@ def rank(results: Results, targets: list[Target]) -> dict[int, list[Ranked]]:
 
 
 def ranking_table(results: Results, targets: list[Target]) -> str:
-    """The ranking of one panel as a markdown table (one block of rows per ``k``)."""
+    """The ranking of one panel as a markdown table (one block of rows per ``k``), after
+    the one-worker baseline's own times to the targets (unranked: what the ``k``
+    workers are faster than)."""
     used = [t for t in targets if t.skip is None]
     metric = results.metric
     head = ["k", "rank by time", "method"]
     head += [f"time to {metric.show(t.value)} (s)" for t in used]
     head += [f"final {metric.title}", "rank by final"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def row(k: str, time_rank: str, name: str, times, reached, error: str, error_rank: str):
+        cells = [k, time_rank, name]
+        for time, hit in zip(times, reached):
+            cells.append(f"{time / 1000:.4g}" if time is not None else f"not reached ({hit})")
+        lines.append("| " + " | ".join([*cells, error, error_rank]) + " |")
+
+    base = results.baseline()
+    if base is not None and base.results:
+        times = [group_time(base, t.value) for t in used]
+        finals = base.finals()
+        error = f"{metric.scale * finals.mean():.{metric.digits}f}" if len(finals) else "diverged"
+        row("1", "—", f"{base.row}, one worker (baseline)", [t for t, _, _ in times],
+            [f"{hit}/{n}" for _, hit, n in times], error, "—")  # fmt: skip
     for k, entries in rank(results, targets).items():
         for entry in entries:
-            cells = [str(k), str(entry.time_rank), entry.row]
-            for time, reached in zip(entry.times, entry.reached):
-                cells.append(
-                    f"{time / 1000:.4g}" if time is not None else f"not reached ({reached})"
-                )
             error = (
                 "diverged" if entry.diverged else f"{metric.scale * entry.error:.{metric.digits}f}"
             )
-            cells += [error, str(entry.error_rank)]
-            lines.append("| " + " | ".join(cells) + " |")
+            row(str(k), str(entry.time_rank), entry.row, entry.times, entry.reached, error,
+                str(entry.error_rank))  # fmt: skip
     return "\n".join(lines)
 
 
