@@ -176,6 +176,7 @@ def fake_run(
         "final_test_error": None if diverged else errors[-1],
         "diverged": diverged,
         "mean_gap": gap,
+        "sim_time": 100.0 * (len(errors) - 1) * time_scale / k,
         **(summary_extra or {}),
     }
     (run / "summary.json").write_text(json.dumps(summary))

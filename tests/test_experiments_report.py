@@ -355,10 +355,12 @@ def test_the_report_ranks_the_methods_on_each_cluster(tmp_path):
     assert "## Which method first, on each cluster" in text
     # fast: asgd reaches 10.5% (baseline 10% + 0.5 pp) first and dana-slim ends lower
     fast = text.split("### Cluster fast")[1].split("###")[0]
-    # the one-worker baseline's own times first, unranked: 12x asgd's here
-    assert "| 1 | — | dana-slim, one worker (baseline) | 0.2975 | 0.295 | 10.00 | — |" in fast
+    # the one-worker baseline's own times first, unranked: 12x asgd's here; then each
+    # run's whole simulated length (300 ms over k = 1 and 4)
+    assert "| 1 | — | dana-slim, one worker (baseline) | 0.2975 | 0.295 | 0.3 | 10.00 | — |" in fast
     rows = [line for line in fast.splitlines() if line.startswith("| 4 |")]
-    assert rows[0].startswith("| 4 | 1 | asgd | 0.02497 |") and rows[0].endswith("| 10.30 | 2 |")
+    assert rows[0].startswith("| 4 | 1 | asgd | 0.02497 |")
+    assert rows[0].endswith("| 0.05 | 10.30 | 2 |")
     assert rows[1].startswith("| 4 | 2 | dana-slim |") and rows[1].endswith("| 10.00 | 1 |")
     slow = text.split("### Cluster slow")[1].split("###")[0]
     assert [line.split(" | ")[2] for line in slow.splitlines() if line.startswith("| 4 |")] == [

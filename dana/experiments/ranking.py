@@ -37,7 +37,9 @@ RANKING_RULE = (
     "(+ 1 pp, + 0.02), then by the final value; a time is the mean over seeds, defined "
     "when every seed reached the target (times in simulated seconds). The rank by final "
     "value is the order of its mean over the seeds that did not diverge (a method whose "
-    "every seed diverged last). The one-worker baseline's own times come first, unranked."
+    "every seed diverged last). The one-worker baseline's own times come first, unranked; "
+    "`whole run` is the simulated length of the run (its whole budget of computations), "
+    "mean over the seeds that did not diverge."
 )
 BIAS_RULE = (
     "Each class's share of the examples behind the pushes the master applied (a local "
@@ -59,6 +61,7 @@ class Ranked:
     reached: list[str]  # per used target: "" or "2/3"
     error: float  # mean final value of the metric (an error as a fraction), NaN when none
     diverged: bool  # every seed diverged
+    length: float  # the runs' mean simulated length (ms), NaN when none finished
     time_rank: int = 0
     error_rank: int = 0
 
@@ -80,7 +83,9 @@ def rank(results: Results, targets: list[Target]) -> dict[int, list[Ranked]]:
         errors = group.finals()
         error = float(errors.mean()) if len(errors) else math.nan
         diverged = group.diverged == len(group.results)
-        by_k.setdefault(k, []).append(Ranked(row, k, times, reached, error, diverged))
+        by_k.setdefault(k, []).append(
+            Ranked(row, k, times, reached, error, diverged, run_length(group))
+        )
     for entries in by_k.values():
         inf = math.inf
         entries.sort(
@@ -98,6 +103,21 @@ def rank(results: Results, targets: list[Target]) -> dict[int, list[Ranked]]:
     return dict(sorted(by_k.items()))
 
 
+def run_length(group: Group) -> float:
+    """The mean simulated length (ms, ``summary.json``'s ``sim_time``) of the group's
+    runs that finished without diverging; NaN when none did."""
+    lengths = [
+        float(r.summary["sim_time"])
+        for r in group.runs
+        if r.status == "finished" and r.summary and r.summary.get("sim_time") is not None
+    ]
+    return float(np.mean(lengths)) if lengths else math.nan
+
+
+def _seconds(length: float) -> str:
+    return f"{length / 1000:.4g}" if math.isfinite(length) else "—"
+
+
 def ranking_table(results: Results, targets: list[Target]) -> str:
     """The ranking of one panel as a markdown table (one block of rows per ``k``), after
     the one-worker baseline's own times to the targets (unranked: what the ``k``
@@ -106,14 +126,14 @@ def ranking_table(results: Results, targets: list[Target]) -> str:
     metric = results.metric
     head = ["k", "rank by time", "method"]
     head += [f"time to {metric.show(t.value)} (s)" for t in used]
-    head += [f"final {metric.title}", "rank by final"]
+    head += ["whole run (s)", f"final {metric.title}", "rank by final"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
-    def row(k: str, time_rank: str, name: str, times, reached, error: str, error_rank: str):
+    def row(k: str, time_rank: str, name: str, times, reached, rest: list[str]):
         cells = [k, time_rank, name]
         for time, hit in zip(times, reached):
             cells.append(f"{time / 1000:.4g}" if time is not None else f"not reached ({hit})")
-        lines.append("| " + " | ".join([*cells, error, error_rank]) + " |")
+        lines.append("| " + " | ".join([*cells, *rest]) + " |")
 
     base = results.baseline()
     if base is not None and base.results:
@@ -121,14 +141,14 @@ def ranking_table(results: Results, targets: list[Target]) -> str:
         finals = base.finals()
         error = f"{metric.scale * finals.mean():.{metric.digits}f}" if len(finals) else "diverged"
         row("1", "—", f"{base.row}, one worker (baseline)", [t for t, _, _ in times],
-            [f"{hit}/{n}" for _, hit, n in times], error, "—")  # fmt: skip
+            [f"{hit}/{n}" for _, hit, n in times], [_seconds(run_length(base)), error, "—"])  # fmt: skip
     for k, entries in rank(results, targets).items():
         for entry in entries:
             error = (
                 "diverged" if entry.diverged else f"{metric.scale * entry.error:.{metric.digits}f}"
             )
-            row(str(k), str(entry.time_rank), entry.row, entry.times, entry.reached, error,
-                str(entry.error_rank))  # fmt: skip
+            row(str(k), str(entry.time_rank), entry.row, entry.times, entry.reached,
+                [_seconds(entry.length), error, str(entry.error_rank)])  # fmt: skip
     return "\n".join(lines)
 
 
