@@ -529,11 +529,11 @@ def plot_error_vs_time(views: dict[str, tuple[Results, list[Target]]], path: Pat
 
 
 def class_shares_figure(panels: dict[str, Results]):
-    """The figure of ``class_shares.png``: the bias meter, each class's applied share minus its data
-    share (pp) against the class, one panel per cluster (and data split), one line per
-    method and k (mean over seeds), the one-worker baseline dashed; the panels share
-    their y axis, so that a split's bias is seen against the others' (an IID split's
-    thousandths of a point stay flat beside a Dirichlet split's points)."""
+    """The figure of ``class_shares.png``: the bias meter, each class's applied share
+    minus its data share (pp) against the class, one panel per cluster (and data split),
+    one line per method and k (mean over seeds), the one-worker baseline dashed; the
+    panels share their y axis, so that a split's bias is seen against the others' (an
+    IID split's thousandths of a point stay flat beside a Dirichlet split's points)."""
     from dana.experiments.ranking import class_deviations
 
     cols = min(3, len(panels))

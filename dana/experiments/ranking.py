@@ -137,18 +137,17 @@ def ranking_table(results: Results, targets: list[Target]) -> str:
 
     base = results.baseline()
     if base is not None and base.results:
-        times = [group_time(base, t.value) for t in used]
+        hits = [group_time(base, t.value) for t in used]
         finals = base.finals()
         error = f"{metric.scale * finals.mean():.{metric.digits}f}" if len(finals) else "diverged"
-        row("1", "—", f"{base.row}, one worker (baseline)", [t for t, _, _ in times],
-            [f"{hit}/{n}" for _, hit, n in times], [_seconds(run_length(base)), error, "—"])  # fmt: skip
+        name = f"{base.row}, one worker (baseline)"
+        times, reached = [t for t, _, _ in hits], [f"{hit}/{n}" for _, hit, n in hits]
+        row("1", "—", name, times, reached, [_seconds(run_length(base)), error, "—"])
     for k, entries in rank(results, targets).items():
-        for entry in entries:
-            error = (
-                "diverged" if entry.diverged else f"{metric.scale * entry.error:.{metric.digits}f}"
-            )
-            row(str(k), str(entry.time_rank), entry.row, entry.times, entry.reached,
-                [_seconds(entry.length), error, str(entry.error_rank)])  # fmt: skip
+        for e in entries:
+            error = "diverged" if e.diverged else f"{metric.scale * e.error:.{metric.digits}f}"
+            rest = [_seconds(e.length), error, str(e.error_rank)]
+            row(str(k), str(e.time_rank), e.row, e.times, e.reached, rest)
     return "\n".join(lines)
 
 
