@@ -46,6 +46,15 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+#: The one-worker baseline's curve in every plot that draws one, and its legend label
+#: (one label, so that the figure's legend lists it once over all panels).
+BASELINE_STYLE = {"color": "k", "ls": "--", "lw": 1.2}
+
+
+def baseline_label(row: str) -> str:
+    return f"{row} k=1 (baseline)"
+
+
 #: Line styles, one per pass through the ten colours: rows 11 to 20 are dashed, and so
 #: on, so that no two of up to 40 rows look alike.
 LINE_STYLES = ("-", "--", ":", "-.")
@@ -122,7 +131,7 @@ def plot_error_curves(results: Results, path: Path) -> Path:
     for ax, k in zip(axes.flat, ks):
         if base is not None:
             epochs, values = mean_curve(base)
-            ax.plot(epochs, values, "k--", lw=1.2, label=f"{base.row} k=1 (baseline)")
+            ax.plot(epochs, values, **BASELINE_STYLE, label=baseline_label(base.row))
             shown += [v for v in values if v <= ceiling]
         for row in results.rows:
             group = results.group(row, k)
@@ -490,7 +499,7 @@ def error_vs_time_figure(views: dict[str, tuple[Results, list[Target]]]):
         curves = []
         base = results.baseline()
         if base is not None:
-            curves.append((base, dict(color="k", ls="--", lw=1.2), f"{base.row} k=1 (baseline)"))
+            curves.append((base, BASELINE_STYLE, baseline_label(base.row)))
         for row in results.rows:
             group = results.group(row, k)
             if group is not None and group is not base:
@@ -548,7 +557,7 @@ def class_shares_figure(panels: dict[str, Results]):
             if dev is None:
                 continue
             if group is base:
-                style, name = dict(color="k", ls="--", lw=1.2), f"{row} k=1 (baseline)"
+                style, name = BASELINE_STYLE, baseline_label(row)
             else:
                 style, name = dict(**styles[row], marker="o", ms=3), f"{row} k={k}"
             ax.plot(range(len(dev)), dev, **style, label=name)
