@@ -38,6 +38,8 @@ NEW = [
     "dana-local",
     "ormo",
     "ormo-da",
+    "ormo-push",
+    "ormo-da-push",
     "smega2",
     "ringmaster-asgd",
     "delay-adaptive-asgd",
@@ -136,6 +138,9 @@ def test_every_new_method_is_listed_with_its_hparams():
         ("dana-local", {"outer_lr": -0.1}, "outer_lr"),
         ("ormo", {"momentum": -0.5}, "momentum"),
         ("ormo-da", {"concurrency": 0}, "concurrency"),
+        ("ormo", {"group": 0}, "group must"),
+        ("ormo-da", {"group": 2.5}, "group must"),
+        ("ormo-da-push", {"concurrency": 0}, "concurrency"),
         ("smega2", {"cycle": 0}, "cycle"),
         ("ringmaster-asgd", {"R": 0}, "R must"),
         ("ringmaster-asgd", {"R": True}, "R must"),
@@ -361,53 +366,152 @@ def test_dana_local_pulls_where_the_outer_momenta_take_the_master():
 def test_ormo_one_worker_is_momentum_sgd():
     problem = make_least_squares()
     order, batches = events(1, 40)
-    for name in ("ormo", "ormo-da"):
+    for name in ("ormo", "ormo-da", "ormo-push", "ormo-da-push"):
         *_, computed = drive(A.build(name, momentum=0.9), 1, problem, order, batches)
         ref = torch_run(torch.optim.SGD, problem, batches, lr=0.05, momentum=0.9)
         assert_same(computed, ref)
 
 
-def test_ormo_gives_each_gradient_its_weight_by_iteration_index():
-    """After ``T`` updates a gradient computed at iteration ``j`` has moved theta by
-    ``-lr * g * (1 - m**(T - j)) / (1 - m)``, whenever it arrived (momentum SGD's weights
-    in iteration order): checked against that closed form with random delays."""
+@pytest.mark.parametrize("name", ["ormo", "ormo-da"])
+def test_ormo_with_a_group_of_one_is_the_per_push_rule_bit_for_bit(name):
+    """K = 1: the grouped rule's arithmetic is the per-push rule's, under a schedule and
+    with pushes delayed beyond the concurrency."""
+    problem = make_least_squares()
+    order, batches = events(4, 150, seed=3)
+    extra = {"concurrency": 2} if name == "ormo-da" else {}
+    grouped = drive(
+        A.build(name, momentum=0.9, group=1, **extra), 4, problem, order, batches, lr=warm_up
+    )
+    push = drive(
+        A.build(f"{name}-push", momentum=0.9, **extra), 4, problem, order, batches, lr=warm_up
+    )
+    assert all(torch.equal(x, y) for x, y in zip(grouped[2], push[2], strict=True))
+    assert torch.equal(grouped[0].theta, push[0].theta) and torch.equal(grouped[0].u, push[0].u)
+    default = drive(A.build(name, momentum=0.9, **extra), 4, problem, order, batches, lr=warm_up)
+    assert max(max_rel_diff(x, y) for x, y in zip(default[2], push[2])) > 1e-3  # K = 4 differs
+
+
+@pytest.mark.parametrize("name, K", [("ormo-push", 1), ("ormo", 1), ("ormo", 3), ("ormo", 4)])
+def test_ormo_gives_each_gradient_its_weight_by_iteration_index(name, K):
+    """After ``N`` pushes a gradient of iteration (group) ``j`` has moved theta by
+    ``-lr * g * (1 - m**(c - j + 1)) / (1 - m)``, ``c = (N - 1) // K`` the group of the
+    last push, whenever it arrived (momentum SGD's weights in iteration order; per push,
+    ``K = 1``): checked against that closed form with random delays."""
     m, lr, k, d = 0.7, 0.1, 4, 3
     g = torch.Generator().manual_seed(2)
-    master = A.build("ormo", momentum=m).master(torch.zeros(d, dtype=F64), k)
+    hparams = {} if name == "ormo-push" else {"group": K}
+    master = A.build(name, momentum=m, **hparams).master(torch.zeros(d, dtype=F64), k)
     out = torch.empty(d, dtype=F64)
     index = [0] * k
     for i in range(k):
         master.pull(i, lr, out)
     arrived = []  # (iteration index, gradient)
-    for T in range(1, 30):
+    for N in range(1, 40):
         i = int(torch.randint(0, k, (1,), generator=g))
         grad = torch.randn(d, generator=g, dtype=F64)
         master.push(i, grad, lr)
         arrived.append((index[i], grad))
         master.pull(i, lr, out)
-        index[i] = T
-        want = -lr * sum(x * (1 - m ** (T - j)) / (1 - m) for j, x in arrived)
+        index[i] = N // K
+        c = (N - 1) // K
+        want = -lr * sum(x * (1 - m ** (c - j + 1)) / (1 - m) for j, x in arrived)
         torch.testing.assert_close(master.theta, want, rtol=1e-12, atol=1e-14)
 
 
-def test_ormo_da_scales_a_push_delayed_beyond_the_concurrency():
-    ormo = A.build("ormo", momentum=0.0).master(torch.zeros(1, dtype=F64), 3)
-    da = A.build("ormo-da", momentum=0.0, concurrency=1).master(torch.zeros(1, dtype=F64), 3)
+def ordered_momentum_reference(order, k, K, m, lr, grad, d):
+    """OrMo as read from the paper, in plain floats, recomputed from scratch at every
+    push (not incrementally, as the rule is): iterations are groups of ``K`` pushes; a
+    gradient belongs to the group in progress at its worker's pull (``j``); momentum
+    SGD in iteration order moves theta by ``m**(i - j) * lr * g`` at each group step
+    ``i >= j``, a group's step landing at its first push and each gradient's own share on
+    arrival; the momentum at group ``c`` is ``sum m**(c - j) * lr * g`` over the arrived
+    gradients (Figure 1's ``u10``). Returns theta and that momentum after each push."""
+    pulled = [(0, [0.0] * d)] * k
+    arrived, thetas, momenta = [], [], []
+    for n, i in enumerate(order, start=1):
+        j, p = pulled[i]
+        arrived.append((j, grad(n - 1, p)))
+        c = (n - 1) // K  # this push's group
+        theta = [
+            -sum(lr * g[x] * sum(m ** (t - j) for t in range(j, c + 1)) for j, g in arrived)
+            for x in range(d)
+        ]
+        momenta.append([sum(m ** (c - j) * lr * g[x] for j, g in arrived) for x in range(d)])
+        pulled[i] = (n // K, theta)
+        thetas.append(theta)
+    return thetas, momenta
+
+
+def test_ormo_matches_the_reference_with_delays():
+    """k = K = 4, a fixed arrival order in which worker 3 is slow (group delays 0, 1 and
+    2), gradients of a quadratic at the parameters each worker pulled."""
+    k, m, lr, d = 4, 0.7, 0.1, 2
+    order = [0, 1, 0, 2, 0, 1, 0, 2, 1, 0, 3, 1, 2, 0, 1, 3, 0, 2, 1, 0, 2, 3, 1, 0]
+    rng = np.random.default_rng(5)
+    a, b = [1.0, 3.0], rng.normal(size=(len(order), d)).tolist()
+
+    def grad(n, p):
+        return [a[x] * p[x] - b[n][x] for x in range(d)]
+
+    want, momenta = ordered_momentum_reference(order, k, k, m, lr, grad, d)
+    master = A.build("ormo", momentum=m).master(torch.zeros(d, dtype=F64), k)
+    sent = torch.zeros(k, d, dtype=F64)
+    for i in range(k):
+        master.pull(i, lr, sent[i])
+    delays = set()
+    for n, i in enumerate(order):
+        delays.add(n // k - int(master.pulled_at[i]) // k)
+        master.push(i, torch.tensor(grad(n, sent[i].tolist()), dtype=F64), lr)
+        master.pull(i, lr, sent[i])
+        torch.testing.assert_close(sent[i], torch.tensor(want[n], dtype=F64), rtol=1e-12, atol=0)
+        u = torch.tensor(momenta[n], dtype=F64) * (m if n % k == k - 1 else 1.0)  # decayed
+        torch.testing.assert_close(master.u, u, rtol=1e-12, atol=1e-15)
+    assert delays == {0, 1, 2}
+
+
+def test_ormo_momentum_is_figure_1s_in_synchronous_rounds():
+    """K = 4 workers in rounds (all push, then all pull): after 10 pushes the momentum is
+    m**2 * (group 0) + m * (group 1) + (2 gradients of group 2), the paper's Figure 1, and
+    theta is synchronous heavy-ball momentum SGD on the sum of each round's gradients."""
+    k, m, lr = 4, 0.5, 0.1
+    master = A.build("ormo", momentum=m).master(torch.zeros(1, dtype=F64), k)
     out = torch.empty(1, dtype=F64)
-    for master in (ormo, da):
-        for i in range(3):
-            master.pull(i, 1.0, out)
-        for i in range(3):  # delays 0, 1, 2
-            master.push(i, torch.tensor([1.0], dtype=F64), 1.0)
-    # m = 0: a gradient's only weight is at its own iteration, caught up: ASGD ...
-    assert float(ormo.theta) == pytest.approx(-3.0)
-    # ... at the rate lr*min(1, C/s): delay 2 with C = 1 moves half as far
-    assert float(da.theta) == pytest.approx(-2.5)
+    grads = [float(n + 1) for n in range(10)]
+    theta, v = 0.0, 0.0  # heavy ball: v = m*v + lr*G; theta -= v
+    for r in range(3):
+        for i in range(k):
+            master.pull(i, lr, out)
+        for i in range(k if r < 2 else 2):
+            master.push(i, torch.tensor([grads[4 * r + i]], dtype=F64), lr)
+        if r < 2:
+            v = m * v + lr * sum(grads[4 * r : 4 * r + 4])
+            theta -= v
+            assert float(master.theta) == pytest.approx(theta, rel=1e-14)
+    u10 = lr * (m**2 * sum(grads[0:4]) + m * sum(grads[4:8]) + sum(grads[8:10]))
+    assert float(master.u) == pytest.approx(u10, rel=1e-14)
 
 
-def test_ormo_da_with_constant_timing_is_ormo():
-    a = make_simulator("ormo", 4, timing="constant")
-    b = make_simulator("ormo-da", 4, timing="constant")
+def test_ormo_da_scales_a_push_delayed_beyond_the_concurrency():
+    for name in ("ormo", "ormo-push"):
+        ormo = A.build(name, momentum=0.0).master(torch.zeros(1, dtype=F64), 3)
+        da = A.build(name.replace("ormo", "ormo-da"), momentum=0.0, concurrency=1)
+        da = da.master(torch.zeros(1, dtype=F64), 3)
+        out = torch.empty(1, dtype=F64)
+        for master in (ormo, da):
+            for i in range(3):
+                master.pull(i, 1.0, out)
+            for i in range(3):  # delays 0, 1, 2 pushes
+                master.push(i, torch.tensor([1.0], dtype=F64), 1.0)
+        # m = 0: a gradient's only weight is at its own iteration, caught up: ASGD ...
+        assert float(ormo.theta) == pytest.approx(-3.0)
+        # ... at the rate lr*min(1, C/tau): delay 2 with C = 1 moves half as far
+        assert float(da.theta) == pytest.approx(-2.5)
+
+
+@pytest.mark.parametrize("name", ["ormo", "ormo-push"])
+def test_ormo_da_with_constant_timing_is_ormo(name):
+    a = make_simulator(name, 4, timing="constant")
+    b = make_simulator(name.replace("ormo", "ormo-da"), 4, timing="constant")
     a.run(pushes=200)
     b.run(pushes=200)
     assert torch.equal(a.params(), b.params())

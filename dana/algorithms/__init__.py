@@ -26,7 +26,7 @@ from dana.algorithms.easgd import Eamsgd, Easgd
 from dana.algorithms.gap_aware import GapAware
 from dana.algorithms.local_sgd import DanaLocal, LocalDelayedNesterov, LocalNesterov, LocalSgd
 from dana.algorithms.lwp import LwpAsgd
-from dana.algorithms.ormo import OrMo, OrMoDa
+from dana.algorithms.ormo import OrMo, OrMoDa, OrMoDaPush, OrMoPush
 from dana.algorithms.sa_asgd import SaAsgd
 from dana.algorithms.smega2 import Smega2
 from dana.algorithms.ssgd import Ssgd
@@ -57,6 +57,8 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
         DanaLocal,
         OrMo,
         OrMoDa,
+        OrMoPush,
+        OrMoDaPush,
         Smega2,
         RingmasterAsgd,
         DelayAdaptiveAsgd,
