@@ -52,47 +52,83 @@ def _claim_runs(root: Path) -> None:
         fake_run(root, f"multi16_{seed}", "multi-asgd", 16, seed, [0.9, NAN], diverged=True)
 
 
-def test_glance_table_gives_each_row_minus_the_baseline_in_points(tmp_path):
+def test_glance_table_gives_each_row_minus_the_baseline_seed_by_seed(tmp_path):
     _claim_runs(tmp_path)
     results = load_results(tmp_path)
     cells = glance_cells(results)
     assert list(cells) == [16, 32]
+    # paired by seed: 11.6 - 10 and 11.8 - 12
+    assert cells[32]["dana-slim"].values == pytest.approx([1.6, -0.2])
     assert cells[32]["dana-slim"].mean == pytest.approx(0.7)
-    assert cells[32]["dana-slim"].half_range == pytest.approx(0.1)
+    assert cells[32]["dana-slim"].bounds == pytest.approx((-0.2, 1.6))
     lines = glance_table(results).splitlines()
     # the claim's rows first in a fixed order, then the others (asgd)
     assert lines[0] == (
         "| k | baseline k=1 (%) | dana-slim (pp) | nag-asgd (pp) | multi-asgd (pp) "
         "| ssgd (pp) | asgd (pp) |"
     )
-    assert lines[2] == "| 16 | 11.00 ± 1.00 | +1.50 | +1.00 | diverged 2/2 | — | — |"
+    assert lines[2] == "| 16 | 11.00 [10.00, 12.00] | +2.50 | +2.00 | diverged 2/2 | — | — |"
     assert lines[3] == (
-        "| 32 | 11.00 ± 1.00 | +0.70 ± 0.10 | +8.50 ± 0.50 | +4.00 (diverged 1/2) | +2.00 | +3.00 |"
+        "| 32 | 11.00 [10.00, 12.00] | +0.70 [-0.20, +1.60] | +8.50 [+8.00, +9.00] "
+        "| +5.00 (diverged 1/2) | +3.00 | +4.00 |"
     )
 
 
-def test_glance_sentences_judge_the_claim_from_the_numbers(tmp_path):
+def test_glance_sentences_judge_the_claim_by_intervals_against_one_line(tmp_path):
     _claim_runs(tmp_path)
     assert glance_sentences(load_results(tmp_path)) == [
-        "k=16: DANA-Slim +1.50 pp (not within 1 pp of the baseline); NAG-ASGD +1.00 pp "
-        "(not worse by more than 2 pp); Multi-ASGD diverged 2/2 (worse by more than 2 pp): "
-        "the claim does not hold.",
-        "k=32: DANA-Slim +0.70 pp (within 1 pp of the baseline); NAG-ASGD +8.50 pp, "
-        "Multi-ASGD +4.00 pp with 1/2 diverged (worse by more than 2 pp): the claim holds.",
+        "k=16: DANA-Slim +2.50 pp, 1 seed: within 1 pp of the baseline: inconclusive (one "
+        "seed, no interval); NAG-ASGD +2.00 pp, 1 seed: worse by more than 1 pp: "
+        "inconclusive (one seed, no interval); Multi-ASGD diverged 2/2: worse by more than "
+        "1 pp: holds (a seed diverged): the claim inconclusive (within noise).",
+        "k=32: DANA-Slim +0.70 pp [-0.20, +1.60], 2 seeds: within 1 pp of the baseline: "
+        "inconclusive (margin -0.60 pp); NAG-ASGD +8.50 pp [+8.00, +9.00], 2 seeds: worse "
+        "by more than 1 pp: holds (margin +7.00 pp); Multi-ASGD +5.00 pp, 1 seed, 1/2 "
+        "diverged: worse by more than 1 pp: holds (a seed diverged): the claim inconclusive "
+        "(within noise).",
     ]
     text = build_report(tmp_path).markdown
     # the comparison opens the report, right after the protocol lines
     assert text.index("Runs: ") < text.index("## The claim at a glance")
     assert text.index("## The claim at a glance") < text.index("## Final test error")
-    assert "- k=32: DANA-Slim +0.70 pp (within 1 pp" in text
-    assert "within 1 pp means at most 1 pp above the baseline" in text
+    assert "- k=32: DANA-Slim +0.70 pp [-0.20, +1.60], 2 seeds" in text
+    assert "The verdicts use one line, 1 pp above the baseline" in text
+
+
+def test_glance_verdict_holds_or_fails_only_when_the_whole_interval_clears_the_line(tmp_path):
+    _baseline(tmp_path, finals=(0.10, 0.10))
+    for seed, (slim, nag, multi) in enumerate([(0.101, 0.13, 0.115), (0.104, 0.12, 0.125)]):
+        fake_run(tmp_path, f"slim_{seed}", "dana-slim", 16, seed, [0.9, 0.5, slim])
+        fake_run(tmp_path, f"nag_{seed}", "nag-asgd", 16, seed, [0.9, 0.5, nag])
+        fake_run(tmp_path, f"multi_{seed}", "multi-asgd", 16, seed, [0.9, 0.5, multi])
+    (sentence,) = glance_sentences(load_results(tmp_path))
+    assert (
+        "DANA-Slim +0.25 pp [+0.10, +0.40], 2 seeds: within 1 pp of the baseline: holds "
+        "(margin +0.60 pp)"
+    ) in sentence
+    assert (
+        "NAG-ASGD +2.50 pp [+2.00, +3.00], 2 seeds: worse by more than 1 pp: holds "
+        "(margin +1.00 pp)"
+    ) in sentence
+    assert "Multi-ASGD +2.00 pp [+1.50, +2.50], 2 seeds: worse by more than 1 pp: holds" in (
+        sentence
+    )
+    assert sentence.endswith(": the claim holds.")
+    # a DANA interval wholly above the line: that part, and so the claim, does not hold
+    for seed in (0, 1):
+        (tmp_path / "runs" / f"slim_{seed}" / "summary.json").unlink()
+        fake_run(tmp_path, f"slim2_{seed}", "dana-slim", 16, seed, [0.9, 0.5, 0.12 + seed / 100])
+    (sentence,) = glance_sentences(load_results(tmp_path))
+    assert "within 1 pp of the baseline: does not hold (margin -2.00 pp)" in sentence
+    assert sentence.endswith(": the claim does not hold.")
 
 
 def test_glance_falls_back_to_dana_zero_and_says_when_there_is_no_baseline(tmp_path):
     _baseline(tmp_path)
     fake_run(tmp_path, "zero8", "dana-zero", 8, 0, [0.9, 0.5, 0.1])
     assert glance_sentences(load_results(tmp_path)) == [
-        "k=8: DANA-Zero -1.00 pp (within 1 pp of the baseline)."
+        "k=8: DANA-Zero +0.00 pp, 1 seed: within 1 pp of the baseline: inconclusive (one "
+        "seed, no interval)."
     ]
     lonely = tmp_path / "no-baseline"
     fake_run(lonely, "zero8", "dana-zero", 8, 0, [0.9, 0.5, 0.1])

@@ -4,32 +4,41 @@ The paper's claim (docs/ALGORITHMS.md, "The paper's setting and claims"): with m
 and many workers, DANA stays close to the one-worker baseline with the one-worker
 hyper-parameters, where NAG-ASGD and Multi-ASGD lose accuracy or diverge. The table has
 one row per worker count k > 1; its columns are the baseline's final error and, for each
-algorithm row, its final error minus the baseline's mean final error in percentage
-points: the mean over the seeds that finished without diverging, ± half their range when
-more than one did, and ``diverged d/n`` when d of the n seeds diverged (the divergence
-rule of :mod:`dana.experiments.table`).
+algorithm row, its final error minus the baseline's in percentage points, seed by seed
+(paired: a seed the baseline has is compared with the baseline's run of that seed, any
+other with the baseline's mean), as their mean and
+:func:`~dana.experiments.intervals.interval` over the seeds that finished without
+diverging, and ``diverged d/n`` when d of the n seeds diverged (the divergence rule of
+:mod:`dana.experiments.table`).
 
 Where the report compares the test loss (language models, runs without an error rate:
 :class:`~dana.experiments.results.Metric`) the cells are differences in loss and there is
-no verdict: the claim's thresholds are in points of test error.
+no verdict: the claim's line is in points of test error.
 
-Under the table, one sentence per k judges the claim from the numbers shown (two
-decimals): DANA-Slim (DANA-Zero when there is no DANA-Slim row) is *within*
-:data:`WITHIN_PP` of the baseline when no seed diverged and its difference is at most
-that (being below the baseline counts); NAG-ASGD and Multi-ASGD are *worse by more than*
-:data:`WORSE_PP` when their difference exceeds it or a seed diverged.
+Under the table, one sentence per k judges the claim against one line, :data:`LINE_PP`
+above the baseline: DANA-Slim (DANA-Zero when there is no DANA-Slim row) keeps the
+baseline's accuracy when its whole interval is at or below the line, NAG-ASGD and
+Multi-ASGD lose it when their whole interval is above the line (or a seed diverged);
+where an interval crosses the line, or one seed gives no interval, that part is
+*inconclusive*. Each part states its seeds, its interval and its margin: how far the
+interval's nearer end lies from the line (negative: the interval crosses it). The claim
+holds when every part holds, does not hold when a part does not, and is inconclusive
+otherwise.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from dana.experiments.intervals import INTERVAL_RULE, interval
 from dana.experiments.results import Group, Metric, Results, perplexity_text
 
-#: DANA is "within" this many percentage points of the baseline.
-WITHIN_PP = 1.0
-#: NAG-ASGD and Multi-ASGD are "worse" when more than this many points above it.
-WORSE_PP = 2.0
+#: The line between keeping the baseline's accuracy (at most this many percentage points
+#: above it) and losing it (more than this above): one line, so that no result falls
+#: between the two verdicts.
+LINE_PP = 1.0
 
 #: The table's first columns, in this order; any other row follows them.
 GLANCE_ROWS = ("dana-slim", "dana-zero", "nag-asgd", "multi-asgd", "ssgd")
@@ -47,23 +56,26 @@ NAMES = {
 #: The table's rule, as the report states it.
 GLANCE_RULE = (
     "Each cell after the baseline's: the final test error minus the one-worker "
-    "baseline's mean final error, in percentage points: the mean over the seeds that "
-    "finished without diverging, ± half their range when more than one did; "
-    "`diverged d/n`: d of the n seeds diverged (with the others' difference when some "
-    "finished). The baseline's column: its mean final error (%) ± half the range over "
-    f"its seeds. Judged from the numbers shown: within {WITHIN_PP:g} pp means at most "
-    f"{WITHIN_PP:g} pp above the baseline (below it counts) with no seed diverged; worse "
-    f"by more than {WORSE_PP:g} pp means more than {WORSE_PP:g} pp above it, or a seed "
-    "diverged."
+    "baseline's, in percentage points, seed by seed (paired with the baseline's run of "
+    "the same seed where it has one, else with its mean): their mean over the seeds that "
+    "finished without diverging and, in brackets, their interval "
+    f"({INTERVAL_RULE}); `diverged d/n`: d of the n seeds diverged. The baseline's column: "
+    "its mean final error (%) and the interval of its seeds. The verdicts use one line, "
+    f"{LINE_PP:g} pp above the baseline: DANA keeps the baseline's accuracy when its "
+    "whole interval is at or below the line, NAG-ASGD and Multi-ASGD lose it when their "
+    "whole interval is above it or a seed diverged; an interval that crosses the line, "
+    "or a single seed, is inconclusive. The margin is the distance from the interval's "
+    "nearer end to the line (negative: it crosses the line)."
 )
 
 
 #: The table's rule where the report compares the test loss.
 LOSS_GLANCE_RULE = (
-    "Each cell after the baseline's: the final test loss minus the one-worker baseline's "
-    "mean final test loss: the mean over the seeds that finished without diverging, ± "
-    "half their range when more than one did; `diverged d/n`: d of the n seeds diverged. "
-    "The baseline's column: its mean final test loss ± half the range over its seeds."
+    "Each cell after the baseline's: the final test loss minus the one-worker baseline's, "
+    "seed by seed (paired where the baseline has the seed): their mean over the seeds that "
+    f"finished without diverging and their interval ({INTERVAL_RULE}); `diverged d/n`: "
+    "d of the n seeds diverged. "
+    f"The baseline's column: its mean final test loss and the interval of its seeds."
 )
 
 
@@ -72,21 +84,28 @@ def glance_rule(metric: Metric) -> str:
     return GLANCE_RULE if metric.is_error else LOSS_GLANCE_RULE
 
 
+#: What a part of the claim, or the claim, reads.
+HOLDS, DOES_NOT_HOLD, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
+
+
 @dataclass
 class Difference:
-    """One cell: the final error minus the baseline's, in percentage points."""
+    """One cell: the final error minus the baseline's, seed by seed, in percentage
+    points (a loss: in loss)."""
 
-    mean: float | None  # over the seeds that finished without diverging
-    half_range: float | None  # None with fewer than two such seeds
+    values: np.ndarray  # one per seed that finished without diverging
     diverged: int
     runs: int
     failed: int = 0
     loss: bool = False  # a difference in test loss (four decimals), not in pp
 
     @property
-    def shown(self) -> float | None:
-        """The mean as the table shows it (two decimals), which the sentences judge."""
-        return None if self.mean is None else round(self.mean, 2)
+    def mean(self) -> float | None:
+        return float(self.values.mean()) if len(self.values) else None
+
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        return interval(self.values)
 
     def text(self) -> str:
         if self.mean is None:
@@ -95,29 +114,48 @@ class Difference:
             return "failed" if self.failed == self.runs and self.runs else "pending"
         digits = 4 if self.loss else 2
         text = f"{self.mean:+.{digits}f}"
-        if self.half_range is not None:
-            text += f" ± {self.half_range:.{digits}f}"
+        if self.bounds is not None:
+            text += f" [{self.bounds[0]:+.{digits}f}, {self.bounds[1]:+.{digits}f}]"
         notes = [f"diverged {self.diverged}/{self.runs}"] if self.diverged else []
         if self.failed:
             notes.append(f"failed {self.failed}/{self.runs}")
         return text + (f" ({', '.join(notes)})" if notes else "")
 
-    def within(self) -> bool:
-        return self.shown is not None and not self.diverged and self.shown <= WITHIN_PP
+    def keeps(self) -> tuple[str, float | None]:
+        """Whether it keeps the baseline's accuracy (at most :data:`LINE_PP` above it),
+        and the margin (the line minus the interval's high end)."""
+        if self.diverged:
+            return DOES_NOT_HOLD, None
+        if self.bounds is None:
+            return INCONCLUSIVE, None
+        low, high = self.bounds
+        verdict = HOLDS if high <= LINE_PP else DOES_NOT_HOLD if low > LINE_PP else INCONCLUSIVE
+        return verdict, LINE_PP - high
 
-    def worse(self) -> bool:
-        return bool(self.diverged) or (self.shown is not None and self.shown > WORSE_PP)
+    def loses(self) -> tuple[str, float | None]:
+        """Whether it loses the baseline's accuracy (more than :data:`LINE_PP` above it,
+        or a seed diverged), and the margin (the interval's low end minus the line)."""
+        if self.diverged:
+            return HOLDS, None
+        if self.bounds is None:
+            return INCONCLUSIVE, None
+        low, high = self.bounds
+        verdict = HOLDS if low > LINE_PP else DOES_NOT_HOLD if high <= LINE_PP else INCONCLUSIVE
+        return verdict, low - LINE_PP
 
 
-def difference(group: Group, baseline_error: float) -> Difference:
-    """The cell of ``group`` against the baseline's mean final value (an error as a
-    fraction: the difference in pp; a loss: in loss)."""
+def difference(group: Group, baseline: Group) -> Difference:
+    """The cell of ``group`` against ``baseline``, paired by seed where the baseline has
+    the seed (an error as a fraction: the difference in pp; a loss: in loss)."""
     metric = group.metric
-    errors = metric.scale * (group.finals() - baseline_error)
-    mean = float(errors.mean()) if len(errors) else None
-    half = float(errors.max() - errors.min()) / 2 if len(errors) > 1 else None
-    loss = not metric.is_error
-    return Difference(mean, half, group.diverged, len(group.runs), group.failed, loss)
+    base = {r.seed: r.final for r in baseline.runs if r.status == "finished"}
+    mean = float(np.mean(list(base.values())))
+    values = np.array(
+        [r.final - base.get(r.seed, mean) for r in group.runs if r.status == "finished"]
+    )
+    return Difference(
+        metric.scale * values, group.diverged, len(group.runs), group.failed, not metric.is_error
+    )
 
 
 def glance_rows(results: Results) -> list[str]:
@@ -132,11 +170,10 @@ def glance_cells(results: Results) -> dict[int, dict[str, Difference]]:
     base = results.baseline()
     if base is None or not len(base.finals()):
         return {}
-    error = float(base.finals().mean())
     rows = glance_rows(results)
     return {
         k: {
-            row: difference(results.group(row, k), error)
+            row: difference(results.group(row, k), base)
             for row in rows
             if results.group(row, k) is not None
         }
@@ -153,8 +190,9 @@ def glance_table(results: Results) -> str:
     base = results.baseline()
     metric = results.metric
     errors, digits = metric.scale * base.finals(), metric.digits
+    bounds = interval(errors)
     base_text = f"{errors.mean():.{digits}f}" + (
-        f" ± {(errors.max() - errors.min()) / 2:.{digits}f}" if len(errors) > 1 else ""
+        f" [{bounds[0]:.{digits}f}, {bounds[1]:.{digits}f}]" if bounds else ""
     )
     if metric.perplexity:
         base_text += f" (perplexity {perplexity_text(errors.mean())})"
@@ -172,47 +210,59 @@ def glance_table(results: Results) -> str:
     return "\n".join(lines)
 
 
-def _value(d: Difference) -> str:
+def _part(name: str, d: Difference, verdict: str, margin: float | None, what: str) -> str:
+    """One part of the verdict: "DANA-Slim -0.25 pp [-0.35, -0.15], 2 seeds: keeps the
+    baseline's accuracy, holds (margin 1.15 pp)"."""
+    seeds = len(d.values)
     if d.mean is None:
-        return d.text()
-    text = f"{d.mean:+.2f} pp"
-    return text + (f" with {d.diverged}/{d.runs} diverged" if d.diverged else "")
+        value = d.text()
+    else:
+        value = f"{d.mean:+.2f} pp"
+        if d.bounds is not None:
+            value += f" [{d.bounds[0]:+.2f}, {d.bounds[1]:+.2f}]"
+        value += f", {seeds} seed{'s' if seeds != 1 else ''}"
+        if d.diverged:
+            value += f", {d.diverged}/{d.runs} diverged"
+    if margin is None:
+        why = "a seed diverged" if d.diverged else "one seed, no interval"
+        return f"{name} {value}: {what} {verdict} ({why})"
+    return f"{name} {value}: {what} {verdict} (margin {margin:+.2f} pp)"
 
 
 def glance_sentence(k: int, by_row: dict[str, Difference]) -> str:
-    """The verdict at ``k``, e.g. "k=32: DANA-Slim +0.60 pp (within 1 pp of the
-    baseline); NAG-ASGD +8.10 pp, Multi-ASGD +5.30 pp (worse by more than 2 pp): the
-    claim holds." """
+    """The verdict at ``k``, e.g. "k=16: DANA-Slim -0.25 pp [-0.35, -0.15], 2 seeds:
+    keeps the baseline's accuracy, holds (margin +1.15 pp); ...: the claim holds." """
     judged = {r: d for r, d in by_row.items() if d.mean is not None or d.diverged}
-    parts = []
+    parts, verdicts = [], []
     dana = next((r for r in DANA_ROWS if r in by_row), None)
-    verdicts = []
     if dana is not None:
-        d = by_row[dana]
         if dana in judged:
-            ok = d.within()
-            verdicts.append(ok)
-            word = "within" if ok else "not within"
-            parts.append(f"{NAMES[dana]} {_value(d)} ({word} {WITHIN_PP:g} pp of the baseline)")
+            verdict, margin = by_row[dana].keeps()
+            verdicts.append(verdict)
+            what = f"within {LINE_PP:g} pp of the baseline:"
+            parts.append(_part(NAMES[dana], by_row[dana], verdict, margin, what))
         else:
-            parts.append(f"{NAMES[dana]} {d.text()}")
-    compared = [r for r in COMPARED_ROWS if r in judged]
-    groups: dict[bool, list[str]] = {}
-    for r in compared:
-        verdicts.append(by_row[r].worse())
-        groups.setdefault(by_row[r].worse(), []).append(f"{NAMES[r]} {_value(by_row[r])}")
-    for worse, names in groups.items():
-        word = "worse" if worse else "not worse"
-        parts.append(f"{', '.join(names)} ({word} by more than {WORSE_PP:g} pp)")
+            parts.append(f"{NAMES[dana]} {by_row[dana].text()}")
     for r in COMPARED_ROWS:
-        if r in by_row and r not in judged:
+        if r in judged:
+            verdict, margin = by_row[r].loses()
+            verdicts.append(verdict)
+            what = f"worse by more than {LINE_PP:g} pp:"
+            parts.append(_part(NAMES[r], by_row[r], verdict, margin, what))
+        elif r in by_row:
             parts.append(f"{NAMES[r]} {by_row[r].text()}")
     if not parts:
         return f"k={k}: no result of {', '.join(NAMES[r] for r in DANA_ROWS + COMPARED_ROWS)}."
     text = f"k={k}: " + "; ".join(parts)
-    complete = dana in judged and all(r in judged for r in COMPARED_ROWS)
-    if complete:
-        text += ": the claim holds" if all(verdicts) else ": the claim does not hold"
+    if dana in judged and all(r in judged for r in COMPARED_ROWS):
+        claim = (
+            DOES_NOT_HOLD
+            if DOES_NOT_HOLD in verdicts
+            else HOLDS
+            if all(v == HOLDS for v in verdicts)
+            else INCONCLUSIVE
+        )
+        text += f": the claim {claim}" + (" (within noise)" if claim == INCONCLUSIVE else "")
     return text + "."
 
 
@@ -230,6 +280,6 @@ def no_verdict(metric: Metric) -> str:
     what = "language models" if metric.perplexity else "runs without an error rate"
     return (
         f"No verdict: these are {what}, compared on the {metric.name} (a difference of "
-        "0.01 is a perplexity 1% higher); the claim's thresholds (within "
-        f"{WITHIN_PP:g} pp, worse by more than {WORSE_PP:g} pp) are in points of test error."
+        f"0.01 is a perplexity 1% higher); the claim's line ({LINE_PP:g} pp above the "
+        "baseline) is in points of test error."
     )

@@ -104,6 +104,7 @@ class SweepSpec:
                 if self.also
                 else {}
             ),
+            **({"more_seeds": dict(self.more_seeds)} if self.more_seeds else {}),
             **self.fixed,
         }
 

@@ -253,7 +253,23 @@ def _header(results: Results) -> list[str]:
         + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
         + f"); seeds {', '.join(map(str, results.seeds()))}.",
         "",
+        *_devices(results),
     ]
+
+
+def _devices(results: Results) -> list[str]:
+    """Which device made which runs, where any run was not made on the CPU."""
+    made: dict[str, list[str]] = {}
+    for run in results.runs:
+        made.setdefault(str(run.config.get("device") or "cpu"), []).append(run.path.name)
+    if set(made) <= {"cpu"}:
+        return []
+    parts = [
+        f"{device}: {len(names)} run{'s' if len(names) > 1 else ''}"
+        + ("" if device == "cpu" else f" ({', '.join(sorted(names))})")
+        for device, names in sorted(made.items())
+    ]
+    return [f"Devices: {'; '.join(parts)}.", ""]
 
 
 def _body(

@@ -120,6 +120,8 @@ _NOT_ROW_KEYS = {
     "workers",
     "seed",
     "data_dir",
+    "device",  # where a run was made, not what was run (the report lists the devices)
+    "batch_workers",
     "tensorboard",
     "mlflow",
     "mlflow_experiment",
