@@ -1,4 +1,5 @@
-"""``dana sweep``, ``dana report`` and ``dana presets``: registered by ``dana.cli``."""
+"""``dana sweep``, ``dana report``, ``dana presets`` and ``dana leaderboard``: registered by
+``dana.cli``."""
 
 from __future__ import annotations
 
@@ -363,8 +364,34 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- dana leaderboard ---------------------------------------------------------------------
+def add_leaderboard_parser(sub) -> None:
+    p = sub.add_parser(
+        "leaderboard",
+        help="every study's methods ranked on one page",
+        description="Read every study (folder of runs) under --results and write one "
+        "markdown page ranking the methods of each protocol (study, k, cluster, data split) "
+        "by final test error, with a summary per method (docs/LEADERBOARD.md).",
+    )
+    p.add_argument("--results", default="docs/results", help="the studies (default docs/results)")
+    p.add_argument("--out", default="docs/LEADERBOARD.md", help="the page (default %(default)s)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if --out differs from what would be written",
+    )
+    p.set_defaults(func=cmd_leaderboard)
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    from dana.experiments.leaderboard import run_leaderboard
+
+    return run_leaderboard(args.results, args.out, check=args.check)
+
+
 def register_commands(sub) -> None:
-    """Add ``sweep``, ``report`` and ``presets`` to ``dana``'s subcommands."""
+    """Add ``sweep``, ``report``, ``presets`` and ``leaderboard`` to ``dana``'s subcommands."""
     add_sweep_parser(sub)
     add_report_parser(sub)
     add_presets_parser(sub)
+    add_leaderboard_parser(sub)
