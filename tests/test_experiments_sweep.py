@@ -185,7 +185,7 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
         configs = [c.config().to_dict() for c in cells]
         varying = {k for c in configs for k, v in c.items() if v != configs[0][k]}
         # (and fashion-dylu's second row: the same rules with Dynamic Local Updates on)
-        allowed = {"algorithm", "workers", "seed", "lr_scaling", "algorithm_params"}
+        allowed = {"algorithm", "workers", "seed", "lr_scaling", "algorithm_params", "lr"}
         if name == "fashion-k64-budget":  # the budget curve: the same shape, shorter
             allowed |= {"epochs", "lr_decay_epochs"}
         if name == "fashion-clusters":  # the clusters (their compute models) and splits
@@ -194,19 +194,34 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
                 assert c["lr_decay_epochs"] == [c["epochs"] / 2, c["epochs"] * 3 / 4]
         assert varying <= allowed, (name, varying)
         assert all(c["lr_scaling"] == "none" or c["algorithm"] == "ssgd" for c in configs)
-        # (fashion-dylu-h5, its control: H = 5 for every rule alike)
+        # the one other rate: plain ASGD's fair control at the momentum methods'
+        # effective step, lr/(1 - m)
+        lr = configs[0]["lr"]
+        for c in configs:
+            assert c["lr"] == lr or (
+                c["algorithm"] == "asgd" and c["lr"] == pytest.approx(lr / (1 - c["momentum"]))
+            ), (name, c["algorithm"], c["lr"])
+        # (fashion-dylu-h5, its control: H = 5 for every rule alike; Delayed Nesterov at
+        # the other outer rules' step per outer gradient, 0.07*N/sqrt(k) with N = k)
         own = ({}, {"dynamic_steps": True}, {"local_steps": 5})
-        assert all(c["algorithm_params"] in own for c in configs)
+        for c in configs:
+            if c["algorithm"] == "local-dn" and "outer_lr" in c["algorithm_params"]:
+                matched = 0.07 * c["workers"] ** 0.5
+                assert c["algorithm_params"] == {"outer_lr": pytest.approx(matched)}, c
+            else:
+                assert c["algorithm_params"] in own, (name, c["algorithm_params"])
     long = expand(load_preset("fashion-long"))
     assert {c.workers for c in long} == {1, 8, 16, 32, 64} and {c.seed for c in long} == {0, 1}
-    assert len(long) == 2 * (1 + 4 * 10)
+    assert len(long) == 2 * (1 + 4 * 10 + 3)  # + ASGD's control at k = 16, 32, 64
     assert sum(c.options.get("lr_scaling") == "linear" for c in long) == 8
+    assert sum(c.options.get("lr") == 0.05 for c in long) == 6
     config = long[1].config()
     assert (config.train_size, config.epochs, config.warmup_epochs) == (30000, 40, 5)
     assert config.lr_decay_epochs == [20, 30]
     beyond = expand(load_preset("fashion-beyond"))
     assert {c.workers for c in beyond} == {1, 16, 64} and {c.seed for c in beyond} == {0, 1}
-    assert len(beyond) == 2 * (1 + 2 * len({c.algorithm for c in beyond})) == 54
+    # + Delayed Nesterov at the matched step, k = 16 and 64
+    assert len(beyond) == 2 * (1 + 2 * len({c.algorithm for c in beyond}) + 2) == 66
     assert [(c.algorithm, c.seed) for c in beyond if c.workers == 1] == [
         ("dana-slim", 0),
         ("dana-slim", 1),
@@ -231,12 +246,12 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
     for name in ("fashion-long", "fashion-beyond", "fashion-dylu", "fashion-k64"):
         assert load_preset(name).more_seeds == {"above_spread": 2, "seeds": [2]}, name
     k64 = expand(load_preset("fashion-k64"))
-    assert len(k64) == 16 and {c.workers for c in k64} == {1, 64}
+    assert len(k64) == 18 and {c.workers for c in k64} == {1, 64}  # 16 + ASGD's control
     config = k64[0].config()
     assert (config.train_size, config.epochs, config.lr_decay_epochs) == (None, 133, [67, 100])
     budget = expand(load_preset("fashion-k64-budget"))
     assert sorted((c.workers, c.config().epochs) for c in budget) == sorted(
-        [(1, 40), (1, 80)] + [(64, 40), (64, 80)] * 3
+        ([(1, 20), (1, 40), (1, 80)] + [(64, 20), (64, 40), (64, 80)] * 3) * 2  # two seeds
     )
     assert {k: v for k, v in budget[0].config().to_dict().items() if "epochs" not in k} == {
         k: v for k, v in config.to_dict().items() if "epochs" not in k
@@ -256,7 +271,8 @@ def test_presets_expand_into_valid_runs_following_the_paper_protocol():
         "gap-aware",
     } <= {c.algorithm for c in full}
     clusters = expand(load_preset("fashion-clusters"))
-    assert len(clusters) == 2 * 3 * 2 * 7 and {c.workers for c in clusters} == {1, 16}
+    # + ASGD's control on the three IID panels
+    assert len(clusters) == 2 * 3 * 2 * 7 + 2 * 3 and {c.workers for c in clusters} == {1, 16}
     configs = [c.config() for c in clusters]
     assert {c.cluster["name"] for c in configs} == {"datacenter", "cloud", "geo"}
     assert {c.partition for c in configs} == {"iid", "dirichlet:0.5"}
