@@ -81,3 +81,49 @@ def test_benchmark_smoke_run(script):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     last = out.stdout.strip().splitlines()[-1]
     assert re.fullmatch(LAST_LINES[script], last), last
+
+
+def test_gpu_study_runs_a_smoke_grid_on_the_cpu_stops_and_continues(tmp_path):
+    """bench/gpu_study.sh with DANA_DEVICE=cpu: a grid cut by its time limit leaves an
+    archive with what was done, the same call from that archive finishes it, and
+    `dana report` reads the records."""
+    spec = tmp_path / "grid.yaml"
+    spec.write_text(
+        "dataset: synthetic\nmodel: mlp\ntrain_size: 512\ntest_size: 128\nbatch_size: 32\n"
+        "epochs: 2\neval_every: 1\ncheckpoint_every: 0.5\n"
+        "grid:\n  algorithm: [asgd]\n  workers: [2]\n  seed: [0, 1]\n"
+    )
+    results, archives = tmp_path / "results", tmp_path / "out"
+    env = {**os.environ, "DANA_DEVICE": "cpu", "DANA_RESULTS": str(results)}
+
+    def study(minutes: str) -> subprocess.CompletedProcess:
+        args = [minutes, str(archives), "--config", str(spec), "--jobs", "1", "--threads", "1"]
+        return subprocess.run(
+            ["bash", str(BENCH / "gpu_study.sh"), "smoke", *args],
+            capture_output=True, text=True, env=env, timeout=300, check=False,
+        )  # fmt: skip
+
+    cut = study("0.1")  # six seconds: the sweep is stopped, the archive still made
+    assert cut.returncode == 0, cut.stdout + cut.stderr
+    assert "stopped after 0.1 minutes" in cut.stdout
+    assert (archives / "smoke.tar.gz").is_file()
+    subprocess.run(["rm", "-r", str(results / "smoke")], check=True)
+    (archives / "smoke.tar.gz").rename(results / "smoke.tar.gz")
+    done = study("5")  # continues from the archive
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "continuing from" in done.stdout and "0 failed" in done.stdout
+    runs = results / "smoke" / "runs"
+    assert sorted(p.name for p in runs.iterdir() if (p / "summary.json").is_file()) == [
+        "asgd_k2_s0",
+        "asgd_k2_s1",
+    ]
+    bad = subprocess.run(
+        ["bash", str(BENCH / "gpu_study.sh"), "../x", "1", str(archives)],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "NAME must be a plain folder name" in bad.stderr
+    report = subprocess.run(
+        [sys.executable, "-m", "dana.cli", "report", str(results / "smoke")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
