@@ -476,3 +476,23 @@ def test_a_budget_curve_gets_a_panel_and_a_baseline_per_budget(tmp_path):
     markdown = build_report(tmp_path).markdown
     assert "No finished one-worker baseline" not in markdown
     assert "| 64 | 10.00 | +4.00 |" in markdown and "| 64 | 9.00 | +1.00 |" in markdown
+
+
+def test_a_budget_study_gets_its_curve_of_final_error_against_updates_per_worker(tmp_path):
+    for epochs, base, slim in ((2, 0.10, 0.20), (4, 0.10, 0.12)):
+        for seed in (0, 1):
+            pushes = {"pushes": 64 * 10 * epochs}
+            fake_run(tmp_path, f"b{epochs}_{seed}", "dana-slim", 1, seed, [0.9, base],
+                     epochs=epochs, summary_extra=pushes)  # fmt: skip
+            fake_run(tmp_path, f"s{epochs}_{seed}", "dana-slim", 64, seed,
+                     [0.9, slim + seed / 100], epochs=epochs, summary_extra=pushes)  # fmt: skip
+    results = load_results(tmp_path)
+    assert results.panel_keys == ["epochs"]
+    assert [plots._per_worker(sub, 64) for sub in results.panels().values()] == [20.0, 40.0]
+    figure = plots.budget_curve_figure(results.panels())
+    (ax,) = [a for a in figure.axes if a.get_title()]
+    assert ax.get_title() == "final test error against the budget, k = 64"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["20", "40"]
+    report = build_report(tmp_path)
+    assert (tmp_path / "budget_curve.png").is_file()
+    assert "![budget curve](budget_curve.png)" in report.markdown

@@ -574,3 +574,69 @@ def class_shares_figure(panels: dict[str, Results]):
 
 def plot_class_shares(panels: dict[str, Results], path: Path) -> Path:
     return _save(class_shares_figure(panels), path)
+
+
+def _per_worker(results: Results, k: int) -> float | None:
+    """A budget's updates per worker at ``k``: the median of its runs' pushes over k."""
+    pushes = [
+        r.summary["pushes"] / k
+        for row in results.rows
+        if (group := results.group(row, k)) is not None
+        for r in group.runs
+        if r.summary and r.summary.get("pushes")
+    ]
+    return float(np.median(pushes)) if pushes else None
+
+
+def budget_curve_figure(panels: dict[str, Results]):
+    """The figure of ``budget_curve.png`` (a study whose panels are budgets): each
+    method's final metric against updates per worker (log scale), one point per budget:
+    the mean over the seeds that finished without diverging, bars from the lowest to the
+    highest seed; the budget's one-worker baseline dashed at the same abscissa; one panel
+    per worker count k > 1."""
+    ks = sorted({k for res in panels.values() for k in res.worker_counts if k > 1})
+    fig, axes = subplots(1, max(1, len(ks)), figsize=(6.5 * max(1, len(ks)), 4.5), squeeze=False)
+    rows = list(dict.fromkeys(r for res in panels.values() for r in res.rows))
+    styles = _styles(rows)
+    metric = next(iter(panels.values())).metric
+    markers = dict(zip(rows, "osD^vP*Xh<>p" * 4))
+    for ax, k in zip(axes.flat, ks):
+        series: dict[str, list[tuple[float, np.ndarray]]] = defaultdict(list)
+        budgets: set[float] = set()
+        for res in panels.values():
+            x = _per_worker(res, k)
+            base = res.baseline()
+            if x is None:
+                continue
+            if base is not None and len(base.finals()):
+                series[baseline_label(base.row)].append((x, metric.scale * base.finals()))
+            for row in res.rows:
+                group = res.group(row, k)
+                if group is not None and group is not base and len(group.finals()):
+                    series[row].append((x, metric.scale * group.finals()))
+        for name, points in series.items():
+            points.sort(key=lambda p: p[0])
+            xs = np.array([p[0] for p in points])
+            means = np.array([v.mean() for _, v in points])
+            spread = np.array([[v.mean() - v.min(), v.max() - v.mean()] for _, v in points]).T
+            is_base = name.endswith("(baseline)")
+            style = BASELINE_STYLE if is_base else dict(**styles[name])
+            marker = "o" if is_base else markers[name]
+            ax.errorbar(xs, means, yerr=spread, capsize=3, marker=marker, ms=5, **style, label=name)
+            budgets.update(xs)
+        ax.set_xscale("log")
+        ax.set_xticks(sorted(budgets), [f"{b:.0f}" for b in sorted(budgets)])
+        ax.minorticks_off()
+        ax.set(
+            title=f"final {metric.name} against the budget, k = {k}",
+            xlabel="updates per worker (log scale)",
+            ylabel=metric.title.replace(" (perplexity)", ""),
+        )
+        ax.grid(alpha=0.3, which="both")
+    _legend_outside(axes.flat[len(ks) - 1] if ks else axes.flat[0])
+    fig.tight_layout()
+    return fig
+
+
+def plot_budget_curve(panels: dict[str, Results], path: Path) -> Path:
+    return _save(budget_curve_figure(panels), path)

@@ -134,6 +134,18 @@ def build_report(
     if on_cluster or panels:
         lines += _which_first(views, level=2)
         files.append(plots.plot_error_vs_time(views, out / "error_vs_time.png"))
+    if "epochs" in results.panel_keys:  # a budget study: each method's error by budget
+        files.append(plots.plot_budget_curve(panels, out / "budget_curve.png"))
+        lines += [
+            "## Final error against the budget",
+            "",
+            "Each method's final error against updates per worker, one point per budget "
+            "(mean over the seeds; bars: the lowest and highest seed), the one-worker "
+            "baseline of each budget dashed:",
+            "",
+            "![budget curve](budget_curve.png)",
+            "",
+        ]
     if has_class_counts(results):
         lines += _bias(views, level=2)
         files.append(
