@@ -491,7 +491,7 @@ def test_a_budget_study_gets_its_curve_of_final_error_against_updates_per_worker
     assert [plots._per_worker(sub, 64) for sub in results.panels().values()] == [20.0, 40.0]
     figure = plots.budget_curve_figure(results.panels())
     (ax,) = [a for a in figure.axes if a.get_title()]
-    assert ax.get_title() == "final test error against the budget, k = 64"
+    assert ax.get_title() == f"{tmp_path.name}: final test error by budget, k = 64"
     assert [t.get_text() for t in ax.get_xticklabels()] == ["20", "40"]
     report = build_report(tmp_path)
     assert (tmp_path / "budget_curve.png").is_file()

@@ -69,18 +69,55 @@ def _styles(rows: list[str]) -> dict[str, dict[str, str]]:
     }
 
 
-def mean_curve(group: Group) -> tuple[np.ndarray, np.ndarray]:
-    """(epochs, mean of the metric: test error in %, or test loss) over the group's
-    runs, at each evaluation epoch where every run that got that far has a finite
-    value (a diverged run ends early)."""
+def _by_epoch(group: Group) -> dict[float, list[float]]:
+    """The group's finite values of the metric (scaled: % for an error) at each
+    evaluation epoch."""
     by_epoch: dict[float, list[float]] = defaultdict(list)
     key, scale = group.metric.key, group.metric.scale
     for run in group.runs:
         for row in run.metrics:
             if math.isfinite(row[key]):
-                by_epoch[round(row["epoch"], 6)].append(row[key])
+                by_epoch[round(row["epoch"], 6)].append(scale * row[key])
+    return by_epoch
+
+
+def mean_curve(group: Group) -> tuple[np.ndarray, np.ndarray]:
+    """(epochs, mean of the metric: test error in %, or test loss) over the group's
+    runs, at each evaluation epoch where every run that got that far has a finite
+    value (a diverged run ends early)."""
+    by_epoch = _by_epoch(group)
     epochs = np.array(sorted(by_epoch))
-    return epochs, np.array([scale * np.mean(by_epoch[e]) for e in epochs])
+    return epochs, np.array([np.mean(by_epoch[e]) for e in epochs])
+
+
+def seed_band(group: Group) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(epochs, lowest, highest seed) at each evaluation epoch two or more seeds reached."""
+    by_epoch = _by_epoch(group)
+    epochs = np.array([e for e in sorted(by_epoch) if len(by_epoch[e]) > 1])
+    low = np.array([min(by_epoch[e]) for e in epochs])
+    return epochs, low, np.array([max(by_epoch[e]) for e in epochs])
+
+
+def heading(results: Results) -> str:
+    """What a plot's titles name: the study (its folder), and its cluster and data split
+    where it has them."""
+    config = results.runs[0].config if results.runs else {}
+    parts = [results.path.name]
+    cluster = config.get("cluster")
+    if cluster:
+        parts.append(
+            f"cluster {cluster.get('name', 'custom') if isinstance(cluster, dict) else cluster}"
+        )
+    if cluster or config.get("partition", "iid") != "iid":
+        parts.append(f"{config.get('partition', 'iid')} data")
+    return ", ".join(parts)
+
+
+def _band(ax, group: Group, color: str) -> None:
+    """The group's seed spread as a shaded band (nothing for one seed)."""
+    epochs, low, high = seed_band(group)
+    if len(epochs):
+        ax.fill_between(epochs, low, high, color=color, alpha=0.15, lw=0)
 
 
 #: A loss plot's y axis ends at this many times the largest test loss at the start (a
@@ -132,6 +169,7 @@ def plot_error_curves(results: Results, path: Path) -> Path:
         if base is not None:
             epochs, values = mean_curve(base)
             ax.plot(epochs, values, **BASELINE_STYLE, label=baseline_label(base.row))
+            _band(ax, base, BASELINE_STYLE["color"])
             shown += [v for v in values if v <= ceiling]
         for row in results.rows:
             group = results.group(row, k)
@@ -139,9 +177,10 @@ def plot_error_curves(results: Results, path: Path) -> Path:
                 continue
             epochs, errors = mean_curve(group)
             ax.plot(epochs, errors, **styles[row], marker=".", label=row)
+            _band(ax, group, styles[row]["color"])
             shown += [v for v in errors if v <= ceiling]
         ax.set(
-            title=f"k = {k}",
+            title=f"{heading(results)}: k = {k}",
             xlabel="epoch",
             ylabel=results.metric.title.replace(" (perplexity)", ""),
         )
@@ -520,7 +559,9 @@ def error_vs_time_figure(views: dict[str, tuple[Results, list[Target]]]):
                 top = min(top, 100.0)
             low = min(min(shown), min(levels))
             ax.set_ylim(low - 0.05 * (top - low), min(top, max(shown + levels)))
-        title = f"{label}, k = {k}" if label else f"k = {k}"
+        title = (
+            f"{results.path.name}, {label}, k = {k}" if label else f"{heading(results)}: k = {k}"
+        )
         ylabel = results.metric.title.replace(" (perplexity)", "")
         ax.set(title=title, xlabel="simulated time (s, log scale)", ylabel=ylabel)
         ax.set_xscale("log")
@@ -628,7 +669,7 @@ def budget_curve_figure(panels: dict[str, Results]):
         ax.set_xticks(sorted(budgets), [f"{b:.0f}" for b in sorted(budgets)])
         ax.minorticks_off()
         ax.set(
-            title=f"final {metric.name} against the budget, k = {k}",
+            title=f"{heading(next(iter(panels.values())))}: final {metric.name} by budget, k = {k}",
             xlabel="updates per worker (log scale)",
             ylabel=metric.title.replace(" (perplexity)", ""),
         )
