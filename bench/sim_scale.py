@@ -209,23 +209,29 @@ def main() -> None:
         results[model] = rows = measure(args, model, device, model in cpu_models,
                                         model in gpu_models)  # fmt: skip
         cpu_rows = [n for n in rows if "[" not in n]
-        if cpu_rows:
-            plain = max(rows[n] for n in cpu_rows if n.startswith("plain loop"))
+        plains = [rows[n] for n in cpu_rows if n.startswith("plain loop")]
+        if plains and "sim sequential, 1 thread" in rows:  # (not when --cpu-skip left them out)
+            plain = max(plains)
             seq = rows["sim sequential, 1 thread"]
             best_name = max((n for n in cpu_rows if n.startswith("sim")), key=rows.get)
             print(f"  {model}: best CPU mode {best_name!r}: {rows[best_name] / seq:.2f}x "
                   f"sequential, {rows[best_name] / plain:.2f}x the plain loop's best")  # fmt: skip
         gpu = [n for n in rows if "[" in n]
-        if gpu:
+        if all(
+            any(n.startswith(p) for n in gpu) for p in ("sync", "sim sequential", "sim batched")
+        ):
             sync_gpu = next(rows[n] for n in gpu if n.startswith("sync"))
             seq_gpu = next(rows[n] for n in gpu if n.startswith("sim sequential"))
             bat_gpu = next(rows[n] for n in gpu if n.startswith("sim batched"))
             print(f"  {model}: GPU batched {bat_gpu / sync_gpu:.2f}x synchronous, "
                   f"{bat_gpu / seq_gpu:.2f}x sequential")  # fmt: skip
     cnn = results["cnn"] if "cnn" in cpu_models else results[cpu_models[0]]
-    seq = cnn["sim sequential, 1 thread"]
-    best = max(v for n, v in cnn.items() if n.startswith("sim") and "[" not in n)
-    print(f"parallel speed-up {best / seq:.2f}")
+    seq = cnn.get("sim sequential, 1 thread")
+    sims = [v for n, v in cnn.items() if n.startswith("sim") and "[" not in n]
+    if seq is None or not sims:
+        print("parallel speed-up not measured (--cpu-skip left out the CPU simulator rows)")
+    else:
+        print(f"parallel speed-up {max(sims) / seq:.2f}")
 
 
 if __name__ == "__main__":
