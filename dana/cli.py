@@ -214,21 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_fit_cluster)
 
-    for register in _extra_commands():
-        register(sub)
+    from dana.experiments.cli import register_commands  # sweep, report, leaderboard
+
+    register_commands(sub)
     return parser
-
-
-def _extra_commands() -> list:
-    """Subcommands defined in other modules (sweep, report)."""
-    commands = []
-    try:
-        from dana.experiments.cli import register_commands
-
-        commands.append(register_commands)
-    except ImportError:
-        pass
-    return commands
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -496,3 +496,13 @@ def test_a_budget_study_gets_its_curve_of_final_error_against_updates_per_worker
     report = build_report(tmp_path)
     assert (tmp_path / "budget_curve.png").is_file()
     assert "![budget curve](budget_curve.png)" in report.markdown
+
+
+def test_dana_report_prints_the_verdict_and_the_targets_once(tmp_path, capsys):
+    from dana.cli import main
+
+    _claim_runs(tmp_path)
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("The claim at k=32: DANA-Slim +0.70 pp [-0.20, +1.60], 2 seeds") == 1
+    assert out.count("Time-to-target targets: ") == 1

@@ -328,15 +328,15 @@ def _print_report(path: str, out: str | None, target: float | None, baseline: st
     report = build_report(path, out, target=target, baseline=baseline, target_in_percent=True)
     print(f"Final {report.metric.title}, mean ± std over seeds:")
     print(report.error_table)
-    for target in report.targets:
-        print(
-            f"Time-to-target target: {report.metric.show(target.value)}"
-            + (
-                " (not used: the baseline reaches it at its first evaluation)"
-                if target.skip
-                else ""
-            )
-        )
+    for verdict in report.verdicts:
+        print(f"The claim at {verdict}")
+    if report.targets:
+        shown = [
+            report.metric.show(t.value)
+            + (" (not used: the baseline reaches it at its first evaluation)" if t.skip else "")
+            for t in report.targets
+        ]
+        print(f"Time-to-target targets: {'; '.join(shown)}")
     print("Wrote " + ", ".join(str(f) for f in report.files))
 
 

@@ -80,7 +80,8 @@ PROTOCOL_KEYS = (
 @dataclass
 class Report:
     """The report's text, its main table, the targets (the first one used as ``target``,
-    None when none is), and the files written."""
+    None when none is), the files written, and the claim's verdicts (one per k; none
+    where the runs form panels)."""
 
     markdown: str
     error_table: str
@@ -88,6 +89,7 @@ class Report:
     files: list[Path] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)
     metric: Metric = TEST_ERROR
+    verdicts: list[str] = field(default_factory=list)
 
 
 def build_report(
@@ -163,7 +165,8 @@ def build_report(
     report_file = out / "report.md"
     write_text_atomic(report_file, text)
     used = next((t.value for t in targets if t.skip is None), None)
-    return Report(text, table, used, [report_file, *files], targets, results.metric)
+    verdicts = [] if panels else glance_sentences(results)
+    return Report(text, table, used, [report_file, *files], targets, results.metric, verdicts)
 
 
 def _section(
