@@ -48,7 +48,7 @@ RULE = (
     "in a budget study one budget); a method is an algorithm with the settings that tell "
     "its runs apart in the study (its report's row), whichever device ran it. On each "
     "protocol the methods are ranked by their mean final test error (a language model's "
-    "study: test loss) over the seeds that finished without diverging; the interval is "
+    "study: test loss) over the seeds that finished without diverging; "
     f"{INTERVAL_RULE} (a single seed: its value alone). "
     "Methods whose intervals overlap (touching counts), directly or through a chain of "
     "overlapping intervals, share a rank, shown `=r`; a rank is 1 + the number of methods "
