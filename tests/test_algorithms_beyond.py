@@ -303,7 +303,7 @@ def delayed_nesterov_numpy(grads, lr, beta, c, N):
     return out
 
 
-@pytest.mark.parametrize("N, c", [(3, 0.0), (3, 0.2), (4, 1.0)])
+@pytest.mark.parametrize("N, c", [(3, 0.0), (3, 0.2), (4, 1 / 3)])
 def test_delayed_nesterov_master_matches_its_transcription(N, c):
     g = torch.Generator().manual_seed(1)
     grads = [torch.randn(5, generator=g, dtype=F64) for _ in range(11)]
@@ -313,6 +313,15 @@ def test_delayed_nesterov_master_matches_its_transcription(N, c):
     for i, (x, want) in enumerate(zip(grads, ref)):
         assert master.push(i % 2, x, lr=123.0)  # the runner's lr is the inner rate
         np.testing.assert_allclose(master.theta.numpy(), want, rtol=1e-13, atol=1e-15)
+
+
+def test_local_dn_refuses_a_c_that_makes_the_nth_push_weight_negative():
+    """The N-th push weighs the momentum by 1 - c*N + c: negative for c > 1/(N - 1)."""
+    A.build("local-dn", period=4, c=1 / 3).master(torch.zeros(2), workers=2)  # weight 0
+    with pytest.raises(ValueError, match=r"c must be at most 1/\(N - 1\) = 0.333333"):
+        A.build("local-dn", period=4, c=0.34).master(torch.zeros(2), workers=2)
+    with pytest.raises(ValueError, match="N = 16"):  # N defaults to k
+        A.build("local-dn", c=0.1).master(torch.zeros(2), workers=16)
 
 
 def test_local_dn_period_defaults_to_k():

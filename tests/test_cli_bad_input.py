@@ -110,6 +110,10 @@ def resumable(resumable_template, tmp_path) -> Path:
         (["--checkpoint-every", "1e-9", "--epochs", "1"], ["--checkpoint-every"]),
         (["--threads", "-1"], ["--threads"]),
         (["--algorithm", "ssgd", "--algo-param", "nesterov=yes please"], ["nesterov"]),
+        (
+            ["--algorithm", "local-dn", "--workers", "4", "--algo-param", "c=0.5"],
+            ["--workers 4", "c must be at most 1/(N - 1)"],
+        ),
     ],
     ids=[
         "seed-2**70",
@@ -120,6 +124,7 @@ def resumable(resumable_template, tmp_path) -> Path:
         "checkpoint-every-1e-9",
         "threads-negative",
         "bool-hparam-string",
+        "local-dn-c-past-its-k-bound",
     ],  # fmt: skip
 )
 def test_bad_options(tmp_path, args, fragments):

@@ -253,6 +253,12 @@ class DelayedNesterovMaster(MasterRule):
         super().__init__(params, workers)
         self.mu, self.c = momentum, c
         self.period = workers if period is None else period
+        if self.period > 1 and c > 1.0 / (self.period - 1):
+            # the N-th push's weight on the momentum, 1 - c*N + c, would turn negative
+            raise ValueError(
+                f"local-dn: c must be at most 1/(N - 1) = {1.0 / (self.period - 1):g} with "
+                f"N = {self.period} pushes per momentum update, got {c!r}; lower c or N"
+            )
         if outer_lr is None:  # halos: the rate per push times N
             outer_lr = DN_RATE_PER_PUSH * self.period
         self.rate = outer_rate(outer_lr, weight, workers)

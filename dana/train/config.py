@@ -225,6 +225,7 @@ class TrainConfig:
             from dana.train.device import check_cuda
 
             check_cuda(f"{flag('device')} cuda")
+        self._check_rule_at(self.workers, flag)
         if self.build_algorithm().uses_speed and backend.wall_clock and self.time_scale <= 0:
             raise ConfigError(
                 f"{flag('algorithm')} {self.algorithm} with dynamic_steps sizes each worker's "
@@ -306,6 +307,18 @@ class TrainConfig:
         if names is None:
             return "--" + name.replace("_", "-")
         return names.get(name, name)
+
+    def _check_rule_at(self, workers: int, flag) -> None:
+        """The master rule built for ``workers`` on one parameter: a hyper-parameter whose
+        valid range depends on k is refused here, before any run starts."""
+        import torch
+
+        try:
+            self.build_algorithm().master(torch.zeros(1), workers)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(
+                f"{flag('algorithm')} {self.algorithm} with {flag('workers')} {workers}: {e}"
+            ) from None
 
     def build_algorithm(self) -> Algorithm:
         """The run's algorithm, built from ``algorithm`` and :meth:`algorithm_hparams`
