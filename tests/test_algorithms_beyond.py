@@ -612,6 +612,18 @@ def test_ringmaster_default_threshold_is_2k_and_drops_in_a_skewed_run():
     assert sim.updates == sim.pushes - sim.master.dropped
 
 
+def test_the_class_meter_counts_only_the_pushes_ringmaster_applies():
+    from dana.train.classmeter import ClassMeter
+
+    sim = make_simulator(
+        "ringmaster-asgd", 4, timing="heterogeneous", timing_params={"machine_cv": 1.0}
+    )
+    sim.meter = ClassMeter(np.zeros(256, dtype=np.int64), 4)  # one class, 256 rows
+    sim.run(pushes=400)
+    assert sim.master.dropped > 0
+    assert int(sim.meter.applied_counts.sum()) == 8 * sim.updates  # batch 8 per applied push
+
+
 def test_delay_adaptive_asgd_is_asgd_within_the_concurrency():
     a = make_simulator("delay-adaptive-asgd", 4, timing="constant")
     b = make_simulator("asgd", 4, timing="constant")

@@ -374,20 +374,25 @@ class Simulator:
             self.meter.computed(i, self.batch[i])
         if message is None:
             return False
-        if self.master.push(i, message, lr):
+        applied = self.master.push(i, message, lr)
+        if applied:
             self.updates += 1
         self.pushes += 1
         self.log.append(
             worker=i, staleness=staleness, gap=gap, loss=loss, lr=lr, sim_time=self.sim_time
         )
-        self._pushed(i)
+        self._pushed(i, applied)
         return True
 
-    def _pushed(self, i: int) -> None:
-        """Worker ``i``'s push was applied: its computation is in."""
+    def _pushed(self, i: int, applied: bool) -> None:
+        """Worker ``i``'s push arrived: its computation is in the master's parameters if
+        the rule ``applied`` it (a dropped push, Ringmaster's, counts for no class)."""
         self.outstanding[i] = False
         if self.meter is not None:
-            self.meter.applied(i)
+            if applied:
+                self.meter.applied(i)
+            else:
+                self.meter.lost(i)
 
     # -- bounded staleness (the gate: dana.train.gate) -----------------------------------
     def _step_bounded(self) -> None:
@@ -461,13 +466,14 @@ class Simulator:
             message = held
         else:
             message = self._message(i, held, lr)
-        if self.master.push(i, message, lr):
+        applied = self.master.push(i, message, lr)
+        if applied:
             self.updates += 1
         self.pushes += 1
         self.log.append(
             worker=i, staleness=staleness, gap=gap, loss=loss, lr=lr, sim_time=self.sim_time
         )
-        self._pushed(i)
+        self._pushed(i, applied)
 
     def _pull(self, i: int) -> None:
         self.master.pull(i, self.lr(), out=self.sent[i])
