@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dana.sim.compute import auto_batch_workers
@@ -31,6 +30,7 @@ from dana.train.batches import batches_for
 from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
 from dana.train.entries import as_tensors, check_callable, check_model, entry_config
+from dana.train.evaluation import cross_entropy
 from dana.train.flat import FlatModel, LossFn
 from dana.train.pushlog import PushLog
 from dana.train.resources import check_threads, default_threads
@@ -66,7 +66,7 @@ def simulate(
     weight_decay: float = TrainConfig.weight_decay,
     epochs: float = TrainConfig.epochs,
     batch_size: int = TrainConfig.batch_size,
-    loss_fn: LossFn = F.cross_entropy,
+    loss_fn: LossFn = cross_entropy,
     timing: str = TrainConfig.timing,
     timing_params: dict[str, Any] | None = None,
     warmup_epochs: float | None = None,

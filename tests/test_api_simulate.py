@@ -157,3 +157,16 @@ def test_simulate_on_a_cluster_with_data_per_worker():
     assert sim.sim_time > plain.simulator.sim_time + 100 * len(sim.log) / 4
     applied, data = sim.meter.shares()
     assert sum(applied) == pytest.approx(1.0) and len(data) == 2
+
+
+def test_simulate_takes_fits_loss_so_a_token_model_trains_in_both():
+    """A model of N x T x V outputs against N x T targets: fit's default loss reads the
+    classes on the last dimension; simulate's is the same function."""
+    import inspect
+
+    import dana
+
+    default = inspect.signature(dana.simulate).parameters["loss_fn"].default
+    assert default is inspect.signature(dana.fit).parameters["loss_fn"].default
+    out, target = torch.randn(4, 3, 7), torch.randint(0, 7, (4, 3))
+    assert torch.isfinite(default(out, target))
