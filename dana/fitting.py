@@ -83,9 +83,16 @@ class UserProblemSpec:
         if isinstance(self.model, nn.Module):
             model = copy.deepcopy(self.model)
         else:
-            torch.manual_seed(config.seed)
-            model = self.model()
+            model = seeded_model(self.model, config.seed)
         return UserProblem(config, self, model)
+
+
+def seeded_model(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
+    """``factory()`` under ``torch.manual_seed(seed)``, the caller's global generator
+    saved and restored around it (``torch.random.fork_rng``)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return factory()
 
 
 @dataclass
@@ -384,11 +391,7 @@ def fit(
             f"batch_size {batch_size} is larger than the {train_data.n} training examples"
         )
     spec = UserProblemSpec(model, train_data, loss_fn, str(where))
-    if isinstance(model, nn.Module):
-        instance = model
-    else:
-        torch.manual_seed(seed)
-        instance = model()
+    instance = model if isinstance(model, nn.Module) else seeded_model(model, seed)
     problem = UserProblem(config, spec, instance, test_data, metrics)
     if out is None:
         with tempfile.TemporaryDirectory(prefix="dana-fit-") as tmp:

@@ -159,3 +159,14 @@ def test_fit_runs_the_same_problem_on_both_backends(local_ray, tmp_path):
     assert results["sim"].metrics[0]["test_loss"] == pytest.approx(
         results["ray"].metrics[0]["test_loss"], rel=1e-6
     )
+
+
+def test_fit_builds_a_factory_model_without_touching_the_callers_generator():
+    from dana.fitting import seeded_model
+
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    a = seeded_model(lambda: torch.nn.Linear(3, 2), 7)
+    assert torch.equal(torch.random.get_rng_state(), before)  # restored
+    torch.manual_seed(7)
+    assert torch.equal(a.weight, torch.nn.Linear(3, 2).weight)  # built under seed 7
