@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -105,3 +107,13 @@ def test_a_report_without_error_rates_falls_back_to_the_loss(tmp_path):
     fig = error_vs_workers_figure(results)
     plotted = [y for line in fig.axes[0].lines for y in line.get_ydata()]
     assert any(math.isfinite(y) and y > 0 for y in plotted)
+
+
+def test_version_answers_without_importing_torch():
+    code = (
+        "import sys; from dana.launcher import main; assert main(['--version']) == 0; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith("dana ")

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 from dana.atomic import write_text_atomic
 from dana.errors import EXIT_PREEMPTED, Preempted

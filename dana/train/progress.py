@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 
 class Progress:
@@ -23,7 +23,7 @@ class Progress:
                 unit="step",
                 file=sys.stderr,
                 dynamic_ncols=True,
-                leave=False,
+                leave=True,  # the final line stays (in a terminal and in Jupyter)
             )
 
     def update(self, steps: int, loss: float) -> None:
