@@ -2,11 +2,14 @@
 virtual environment and run (the installed ``dana`` entry point's ``--help``,
 ``algorithms`` and ``presets``, and a tiny ``dana train`` through the console script).
 
-The environments see the system's site-packages (``--system-site-packages``), so that
-PyTorch and the other requirements are not installed again; pip installs with
-``--no-index``, so a requirement they lack fails the test instead of being downloaded
-(and the environments get no pip or setuptools of their own: the system's, which
-PyTorch's requirement on setuptools accepts, install into them).
+The environments see the site-packages of the interpreter that runs the tests (a
+``.pth`` file lists them: the user's virtual environment where the suite runs in one,
+the system's otherwise; ``--system-site-packages`` would give the base interpreter's,
+not the user's environment's), so that PyTorch and the other requirements are not
+installed again; pip installs with ``--no-index``, so a requirement they lack fails the
+test instead of being downloaded (and the environments get no pip or setuptools of their
+own: the running interpreter's, which PyTorch's requirement on setuptools accepts,
+install into them).
 The import must then come from the environment, not from this checkout or another
 installation of it.
 """
@@ -35,15 +38,11 @@ def _run(*args: str | Path, cwd: Path, timeout: float = 600) -> subprocess.Compl
 
 
 def _venv(path: Path) -> Path:
-    _run(
-        sys.executable,
-        "-m",
-        "venv",
-        "--system-site-packages",
-        "--without-pip",
-        path,
-        cwd=path.parent,
-    )
+    """A fresh environment that sees this interpreter's site-packages after its own."""
+    _run(sys.executable, "-m", "venv", "--without-pip", path, cwd=path.parent)
+    (site,) = path.glob("lib/python*/site-packages")
+    parents = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    (site / "_tests_parent.pth").write_text("".join(f"{p}\n" for p in parents))
     return path / "bin"
 
 
