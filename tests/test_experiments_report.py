@@ -93,6 +93,12 @@ def test_glance_sentences_judge_the_claim_by_intervals_against_one_line(tmp_path
     assert text.index("## The claim at a glance") < text.index("## Final test error")
     assert "- k=32: DANA-Slim +0.70 pp [-0.20, +1.60], 2 seeds" in text
     assert "The verdicts use one line, 1 pp above the baseline" in text
+    # the seed-by-seed differences drawn, the 1 pp line legible beside a method far off
+    assert "![differences from the baseline](differences.png)" in text
+    figure = plots.differences_figure(load_results(tmp_path))
+    axes = [a for a in figure.axes if a.get_title()]
+    assert [a.get_title().split(": ")[-1] for a in axes] == ["k = 16", "k = 32"]
+    assert axes[1].get_ylim()[1] < 1 + plots.DIFFERENCE_CLIP_PP + 1  # NAG-ASGD's +8.5 clipped
 
 
 def test_glance_verdict_holds_or_fails_only_when_the_whole_interval_clears_the_line(tmp_path):

@@ -681,3 +681,58 @@ def budget_curve_figure(panels: dict[str, Results]):
 
 def plot_budget_curve(panels: dict[str, Results], path: Path) -> Path:
     return _save(budget_curve_figure(panels), path)
+
+
+#: The difference plot's y axis ends this many points above the line: a method far
+#: off (at chance) is drawn at the edge with its value written beside it.
+DIFFERENCE_CLIP_PP = 6.0
+
+
+def differences_figure(results: Results):
+    """The figure of ``differences.png``: per k > 1, each method's final error minus the
+    one-worker baseline's, seed by seed (dots, paired as the claim at a glance pairs
+    them), their mean (a bar) and the claim's line; the y axis clipped
+    :data:`DIFFERENCE_CLIP_PP` above the line, so that differences under a point stay
+    legible."""
+    from dana.experiments.glance import LINE_PP, glance_cells
+
+    cells = glance_cells(results)
+    ks = list(cells)
+    fig, axes = subplots(1, max(1, len(ks)), figsize=(max(6.0, 4.5 * len(ks)), 4.2), squeeze=False)
+    rows = list(dict.fromkeys(r for by_row in cells.values() for r in by_row))
+    styles = _styles(rows)
+    top = LINE_PP + DIFFERENCE_CLIP_PP
+    for ax, k in zip(axes.flat, ks):
+        names = [r for r in rows if r in cells[k]]
+        low = 0.0
+        for x, row in enumerate(names):
+            diff = cells[k][row]
+            values = np.asarray(diff.values, dtype=float)
+            color = styles[row]["color"]
+            if len(values):
+                shown = np.minimum(values, top)
+                ax.scatter(np.full(len(values), x), shown, color=color, s=18, zorder=3)
+                ax.hlines(min(diff.mean, top), x - 0.3, x + 0.3, color=color, lw=2)
+                low = min(low, float(values.min()))
+                if diff.mean > top:
+                    ax.annotate(f"{diff.mean:+.1f}", (x, top), textcoords="offset points",
+                                xytext=(0, -12), ha="center", fontsize=7)  # fmt: skip
+            if diff.diverged:
+                ax.annotate(f"diverged {diff.diverged}/{diff.runs}", (x, top),
+                            textcoords="offset points", xytext=(0, 3), ha="center",
+                            fontsize=7, color="C3")  # fmt: skip
+        ax.axhline(0.0, **BASELINE_STYLE)
+        ax.axhline(LINE_PP, color="C3", ls=":", lw=1.2)
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+        ax.set_ylim(low - 0.5, top + 0.8)
+        ax.set(
+            title=f"{heading(results)}: k = {k}",
+            ylabel=f"final {results.metric.name} minus the baseline's ({results.metric.unit})",
+        )
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return fig
+
+
+def plot_differences(results: Results, path: Path) -> Path:
+    return _save(differences_figure(results), path)

@@ -17,7 +17,7 @@ from typing import Any
 from dana.atomic import write_text_atomic
 from dana.errors import DanaError
 from dana.experiments import plots
-from dana.experiments.glance import glance_rule, glance_sentences, glance_table
+from dana.experiments.glance import glance_cells, glance_rule, glance_sentences, glance_table
 from dana.experiments.measured import measured_columns
 from dana.experiments.measured import view as measured_view
 from dana.experiments.ranking import (
@@ -179,6 +179,8 @@ def _section(
         plots.plot_error_vs_workers(results, out / f"error_vs_workers{suffix}.png"),
         plots.plot_gap_vs_workers(results, out / f"gap_vs_workers{suffix}.png"),
     ]
+    if results.metric.is_error and glance_cells(results):
+        files.append(plots.plot_differences(results, out / f"differences{suffix}.png"))
     targets = choose_targets(results, target)
     if speedup_plot_due(results, targets):
         files.append(plots.plot_speedups(results, targets, out / f"speedup_vs_workers{suffix}.png"))
@@ -304,7 +306,7 @@ def _body(
     metric = results.metric
     if not metric.is_error:
         lines += [_metric_text(results), ""]
-    lines += _glance(results, h)
+    lines += _glance(results, h, suffix)
     lines += [
         f"{h} Final {metric.title}",
         "",
@@ -386,7 +388,7 @@ def _no_speedup_plot(results: Results) -> str:
     )
 
 
-def _glance(results: Results, h: str = "##") -> list[str]:
+def _glance(results: Results, h: str = "##", suffix: str = "") -> list[str]:
     """The section "The claim at a glance" (:mod:`dana.experiments.glance`)."""
     table = glance_table(results)
     lines = [f"{h} The claim at a glance", ""]
@@ -408,7 +410,16 @@ def _glance(results: Results, h: str = "##") -> list[str]:
         glance_rule(results.metric),
         "",
     ]
-    return lines + [f"- {sentence}" for sentence in glance_sentences(results)] + [""]
+    lines += [f"- {sentence}" for sentence in glance_sentences(results)] + [""]
+    if results.metric.is_error:
+        lines += [
+            "Seed by seed (dots; bars: their mean), against the baseline (dashed) and the "
+            "line (dotted):",
+            "",
+            f"![differences from the baseline](differences{suffix}.png)",
+            "",
+        ]
+    return lines
 
 
 def _metric_text(results: Results) -> str:
