@@ -130,7 +130,7 @@ def test_simulate_and_fit_take_dana_trains_defaults_and_checks():
     config = TrainConfig(workers=4, epochs=2, batch_size=16)
     want = build_schedule(config, 256 // 16)
     for epoch in (0.0, 0.3, 1.0, 1.9):
-        assert r.simulator.schedule(epoch) == want(epoch)
+        assert r.simulator.lr_schedule(epoch) == want(epoch)
     assert r.simulator.weight_decay == 1e-4
     with pytest.raises(ConfigError, match="^workers must be an integer >= 1"):
         dana.simulate(_model(), x, y, workers=0)  # (named as the argument, not --workers)

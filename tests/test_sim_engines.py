@@ -107,7 +107,7 @@ def test_threaded_engine_keeps_the_next_gradients_computing():
     for _ in range(20):
         par.step()
         assert len(par.engine.pending) == 3
-        assert set(par.engine.pending) <= {j for _, j in par.queue}  # in flight only
+        assert set(par.engine.pending) <= {j for _, j in par.schedule.queue}  # in flight only
     par.engine.close()
 
 

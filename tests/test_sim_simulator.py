@@ -102,7 +102,7 @@ def test_gap_is_rms_of_theta_minus_pulled(simulator):
     sim = simulator("multi-asgd", 4, momentum=M)
     sim.run(pushes=20)
     for _ in range(10):
-        i = sim.queue[0][1]  # the worker whose push comes next
+        i = sim.schedule.queue[0][1]  # the worker whose push comes next
         expected = float((sim.master.theta - sim.sent[i]).norm()) / math.sqrt(sim.master.d)
         sim.step()
         assert sim.log.gap[-1] == pytest.approx(expected, rel=1e-12)

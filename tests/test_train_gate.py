@@ -51,9 +51,9 @@ def simulator(name="dana-slim", workers=8, bound=None, timing="heterogeneous", s
 def invariant(sim: Simulator) -> bool:
     """The r-th oldest in-flight worker could still push within the bound."""
     s = sim.max_staleness
-    return len(sim.inflight) <= s + 1 and all(
+    return len(sim.bound.gate.inflight) <= s + 1 and all(
         sim.updates - sim.pulled_at[j] + rank - 1 <= s
-        for rank, j in enumerate(sim.inflight, start=1)
+        for rank, j in enumerate(sim.bound.gate.inflight, start=1)
     )
 
 
@@ -171,7 +171,7 @@ def test_held_messages_of_older_checkpoints_load():
     state["held"] = [entry[:4] for entry in state["held"]]
     again = simulator("eamsgd", workers=8, bound=1)
     again.load_state_dict(state)
-    assert [h[4] for h in again.held] == [True] * len(sim.held)
+    assert [work.is_message for _, work, _ in again.held] == [True] * len(sim.held)
     again.run(pushes=sim.steps + 100)
     sim.run(pushes=sim.steps + 100)
     assert torch.equal(sim.params(), again.params())

@@ -60,7 +60,7 @@ from dana.ps.recovery import SNAPSHOT_SECONDS
 from dana.ps.snapshots import Snapshots
 from dana.train.config import TrainConfig
 from dana.train.members import capacity
-from dana.train.schedule import schedule_epoch
+from dana.train.schedule import next_rate
 from dana.train.training import build_schedule
 
 # Arrays from Ray's object store are read-only; the rules only read messages.
@@ -318,10 +318,14 @@ class ShardServer:
     # -- state --------------------------------------------------------------------------
     def lr(self) -> float:
         """The rate of the next update (``ssgd``: of the round under way)."""
-        epoch = schedule_epoch(
-            self.steps, self.updates, self.k, self.batches_per_epoch, self.synchronous
+        return next_rate(
+            self.schedule,
+            self.steps,
+            self.updates,
+            self.k,
+            self.batches_per_epoch,
+            self.synchronous,
         )
-        return self.schedule(epoch)
 
     def state(self) -> dict[str, Any]:
         """The server's state for a checkpoint: numpy arrays and plain values."""

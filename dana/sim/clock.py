@@ -8,7 +8,7 @@ then returns; each by worker index):
 
 - ``REQUEST``: a pull request reaches the servers (at the start and after a return,
   ``latency`` after it is sent). The servers answer at once (bounded staleness: when
-  the start gate lets the worker start): :meth:`Simulator._pull` reads the master's
+  the start gate lets the worker start): :meth:`Simulator.pull` reads the master's
   parameters and the worker's next batch now, the answer crosses the egress queue and
   the worker's link (:class:`~dana.train.network.Network`), and the computation starts
   when the worker has it; its duration is drawn then
@@ -46,6 +46,7 @@ from typing import Any
 
 from torch import Tensor
 
+from dana.sim.events import Events, Work
 from dana.train.availability import Availability
 from dana.train.network import Network
 from dana.train.steptimes import StepTimes
@@ -58,11 +59,12 @@ _WORK = (APPLY, ARRIVE, FINISH)
 
 
 class Clock:
-    """The event loop of a simulator on a cluster (the module docstring)."""
+    """The schedule of a simulator on a cluster (:class:`~dana.sim.schedules.Schedule`;
+    the module docstring)."""
 
     def __init__(
         self,
-        sim: Any,  # the dana.sim.simulator.Simulator it drives
+        sim: Events,
         cluster: dict[str, Any],
         servers: int,
         seed: int,
@@ -83,8 +85,8 @@ class Clock:
         self.away = [False] * k
         self.rejoin: list[float | None] = [None] * k  # of the spell under way or next
         self.arrived = [False] * k  # ssgd: the worker's push of the round is complete
-        # A rule with local steps: the message made at FINISH, its loss and rate, until APPLY
-        self.message: list[tuple[Tensor, float, float] | None] = [None] * k
+        # A rule with local steps: the message made at FINISH, until APPLY
+        self.message: list[Work | None] = [None] * k
         self.lost = self.leaves = self.joins = 0
         self.handlers = (
             self._leave,
@@ -132,8 +134,8 @@ class Clock:
     # -- the handlers ---------------------------------------------------------------------
     def _request(self, i: int, t: float) -> None:
         sim = self.sim
-        if sim.gate is not None:
-            sim.gate.queue(i, t)
+        if sim.bound is not None:
+            sim.bound.gate.queue(i, t)
             self._release(t)
             return
         self._serve(i, t)
@@ -141,24 +143,19 @@ class Clock:
     def _serve(self, i: int, t: float) -> None:
         """Answer worker ``i``'s pull at ``t``: its computation ends at ``FINISH``."""
         sim = self.sim
-        sim._pull(i)
+        sim.pull(i)
         start = self.network.from_server(i, t)
         self._at(start + self.times.duration(i, start, sim.batch[i]), FINISH, i)
 
     def _finish(self, i: int, t: float) -> None:
         sim = self.sim
         if sim.worker_rule.local_steps:
-            grad, loss = sim._gradient(i)
-            lr = sim.lr()
-            message = sim._message(i, grad, lr)
-            if sim.meter is not None:
-                sim.meter.computed(i, sim.batch[i])
-            if message is None:  # a local step: done; compute again, on the next batch
-                sim.steps += 1
-                sim.batch[i] = sim._next_batch(i)
+            work = sim.compute(i, count=False)
+            if work is None:  # a local step: done; compute again, on the next batch
+                sim.advance(i)
                 self._at(t + self.times.duration(i, t, sim.batch[i]), FINISH, i)
                 return
-            self.message[i] = (message.clone(), loss, lr)
+            self.message[i] = work
         self._at(t + self.network.latency[i], ARRIVE, i)
 
     def _arrive(self, i: int, t: float) -> None:
@@ -170,39 +167,27 @@ class Clock:
             self.arrived[i] = True
             self._end_round(t)
             return
-        if sim.gate is None:
+        if sim.bound is None:
             self._push(i)
             self._serve(i, t)
             return
-        if not sim.gate.allows_push(i, sim.updates):
-            held = self.message[i]
-            if held is None:
-                tensor, loss, is_message = sim._compute(i)
-            else:
-                self.message[i] = None
-                (tensor, loss, _), is_message = held, True
-                sim.steps += 1  # (its computation is done: it waits at the servers)
-            sim.gate.hold(i, t)
-            sim.held.append((i, tensor, loss, t, is_message))
+        if not sim.bound.gate.allows_push(i, sim.updates):
+            work, self.message[i] = self.message[i], None
+            sim.hold(i, work if work is not None else sim.compute(i), t)
             return
         self._push(i)
-        sim.gate.pushed(i)
-        sim.gate.queue(i, t)
+        sim.bound.pushed(i, t)
         self._release(t)
 
     def _push(self, i: int) -> None:
         """Apply worker ``i``'s push: its message made at ``FINISH``, or (a rule without
         local steps) its gradient's, made now."""
-        held, self.message[i] = self.message[i], None
-        if held is None:
-            self.sim._push(i)
-        else:
-            message, loss, lr = held
-            self.sim.steps += 1  # (the computation that made it counts when it is in)
-            self.sim._apply(i, message, loss, True, lr)
+        work, self.message[i] = self.message[i], None
+        self.sim.push(i, work)
 
     def _release(self, t: float) -> None:
-        self.sim._release(start=lambda i: self._serve(i, t))
+        for i in self.sim.bound.release(self.sim):
+            self._serve(i, t)
 
     def _end_round(self, t: float) -> None:
         """``ssgd``: if every worker in the run has its push complete, apply them all (in
@@ -213,7 +198,7 @@ class Clock:
         for j in range(self.k):
             if arrived[j]:
                 arrived[j] = False
-                self.sim._push(j)
+                self.sim.push(j)
         for j in range(self.k):  # (every worker in the run: each one's push was in)
             if not away[j]:
                 self._serve(j, t)
@@ -225,36 +210,22 @@ class Clock:
         self.leaves += 1
         if sim.synchronous and self.arrived[i]:
             self.arrived[i] = False  # complete at the servers: the round keeps it
-            sim._push(i)
-        if sim.outstanding[i]:
-            self.lost += 1
-            sim.outstanding[i] = False
+            sim.push(i)
         self.message[i] = None
-        sim.held = [h for h in sim.held if h[0] != i]
-        if sim.engine is not None:
-            sim.engine.discard(i)
-        if sim.meter is not None:
-            sim.meter.lost(i)
-        if sim.gate is not None:
-            sim.gate.forget(i)
-        if sim.master.leave(i, sim.lr()):
-            sim.updates += 1
-        sim.worker_rule.leave(i)
-        if sim.wire is not None:
-            sim.wire.leave(i)  # (its residual is lost with its machine)
+        if sim.leave(i):
+            self.lost += 1
         if self.rejoin[i] is not None:
             self._at(self.rejoin[i], JOIN, i)
         if sim.synchronous:
             self._end_round(t)
-        elif sim.gate is not None:
+        elif sim.bound is not None:
             self._release(t)
 
     def _join(self, i: int, t: float) -> None:
         sim = self.sim
         self.away[i] = False
         self.joins += 1
-        sim.master.join(i)
-        sim.worker_rule.join(i)
+        sim.join(i)
         self._at(t + self.network.latency[i], REQUEST, i)
         self._next_spell(i, t)
 
@@ -268,13 +239,18 @@ class Clock:
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        return {"clock": self._state()}
+
+    def _state(self) -> dict[str, Any]:
         return {
             "events": [list(e) for e in self.events],
             "generation": list(self.generation),
             "away": list(self.away),
             "rejoin": list(self.rejoin),
             "arrived": list(self.arrived),
-            "message": [None if m is None else [m[0].clone(), m[1], m[2]] for m in self.message],
+            "message": [
+                None if m is None else [m.tensor.clone(), m.loss, m.lr] for m in self.message
+            ],
             "counts": [self.lost, self.leaves, self.joins],
             "times": self.times.state_dict(),
             "network": self.network.state_dict(),
@@ -282,6 +258,7 @@ class Clock:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = state["clock"]
         self.events = [(float(t), int(k), int(i), int(g)) for t, k, i, g in state["events"]]
         heapq.heapify(self.events)
         self.generation = [int(g) for g in state["generation"]]
@@ -290,7 +267,9 @@ class Clock:
         self.arrived = [bool(a) for a in state["arrived"]]
         device = self.sim.sent.device
         self.message = [
-            None if m is None else (m[0].to(device).clone(), float(m[1]), float(m[2]))
+            None
+            if m is None
+            else Work(m[0].to(device).clone(), float(m[1]), True, float(m[2]), False)
             for m in state["message"]
         ]
         self.lost, self.leaves, self.joins = (int(c) for c in state["counts"])

@@ -219,8 +219,7 @@ class SimRun:
         }
         if self.config.cluster is not None:
             extra["cluster"] = self.config.cluster["name"]
-        if sim.clock is not None:
-            extra.update(sim.clock.counters())
+        extra.update(sim.schedule.counters())
         if sim.meter is not None:
             extra["applied_class_counts"] = sim.meter.applied_counts.tolist()
             extra["data_class_counts"] = sim.meter.data_counts.tolist()

@@ -51,6 +51,15 @@ from __future__ import annotations
 from typing import Any
 
 
+def check_staleness(max_staleness: int | None) -> int | None:
+    """``max_staleness``, checked: an integer >= 0, or ``None`` (no bound)."""
+    if max_staleness is not None and (
+        isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0
+    ):
+        raise ValueError(f"max_staleness must be an integer >= 0 or None, got {max_staleness!r}")
+    return max_staleness
+
+
 def bounds_staleness(max_staleness: int | None, synchronous: bool) -> bool:
     """Whether a run gates its workers: a bound is set and the algorithm is asynchronous
     (``ssgd``'s rounds have staleness 0 and ignore it)."""

@@ -4,7 +4,7 @@ As in the DANA authors' code: over the first ``warmup_epochs`` the rate grows li
 per update, from ``lr / workers`` to ``lr``; afterwards it is multiplied by
 ``decay_factor`` (0.1) at each epoch in ``decay_epochs``. Progress is measured in epochs
 of data consumed (fractional), so asynchronous runs and SSGD's rounds share one clock;
-:func:`schedule_epoch` says where a runner reads it.
+:func:`next_rate` says where a runner reads it.
 
     >>> s = LRSchedule(0.1, workers=4, warmup_epochs=1, decay_epochs=(2,))
     >>> s(0.0), s(0.5), s(1.5), s(2.0)
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -51,17 +51,30 @@ class LRSchedule:
         return lr * self.decay_factor ** bisect.bisect_right(self.decay_epochs, epoch)
 
 
-def schedule_epoch(
-    steps: int, updates: int, workers: int, batches_per_epoch: int, synchronous: bool
+def constant_schedule(lr: float) -> Callable[[float], float]:
+    """A rate of ``lr`` at every epoch (checked: a positive, finite number)."""
+    if not (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    return lambda epoch: lr
+
+
+def next_rate(
+    schedule: Callable[[float], float],
+    steps: int,
+    updates: int,
+    workers: int,
+    batches_per_epoch: int,
+    synchronous: bool,
 ) -> float:
-    """The fractional epoch at which a runner reads the schedule for its next update.
+    """The learning rate of a runner's next update: ``schedule`` read at a fractional epoch.
 
     Asynchronous: every gradient computation is an update, read at the data consumed so
     far, ``steps / batches_per_epoch``. Synchronous (``ssgd``): a round of ``workers``
     pushes is one update, read once at the round's start, ``updates * workers /
     batches_per_epoch``, so that every push of the round carries the rate the round
     applies (round ``r`` applies the schedule at epoch ``r * workers / batches_per_epoch``).
+    The simulator and the shard servers both read it here.
     """
     if synchronous:
-        return updates * workers / batches_per_epoch
-    return steps / batches_per_epoch
+        return schedule(updates * workers / batches_per_epoch)
+    return schedule(steps / batches_per_epoch)

@@ -12,23 +12,35 @@ holds its own (``i = 0``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
 from dana.algorithms.base import WorkerRule
+
+if TYPE_CHECKING:
+    from dana.train.codecs import Wire
 
 #: ``gradient(params, batch) -> (grad, loss)``; the step may modify ``grad`` in place.
 GradientFn = Callable[[Tensor, Any], tuple[Tensor, float]]
 
 
 class WorkerStep:
-    """The gradient and the message of a worker rule's workers."""
+    """The gradient and the message of a worker rule's workers (``wire``: messages as
+    the servers decode them, :meth:`dana.train.codecs.Wire.round_trip`: the simulator's
+    codec)."""
 
-    def __init__(self, rule: WorkerRule, gradient: GradientFn, weight_decay: float = 0.0):
+    def __init__(
+        self,
+        rule: WorkerRule,
+        gradient: GradientFn,
+        weight_decay: float = 0.0,
+        wire: Wire | None = None,
+    ):
         if not weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
         self.rule, self.gradient_fn, self.weight_decay = rule, gradient, float(weight_decay)
+        self.wire = wire
 
     def gradient(self, i: int, pulled: Tensor, batch: Any) -> tuple[Tensor, float]:
         """Worker ``i``'s gradient (weight decay included) at what it pulled, and the loss."""
@@ -41,4 +53,7 @@ class WorkerStep:
     def message(self, i: int, grad: Tensor, lr: float) -> Tensor | None:
         """Worker ``i``'s message for ``grad``, made at ``lr`` (``None``: a local step)."""
         self.rule.set_lr(lr)
-        return self.rule.message(i, grad)
+        message = self.rule.message(i, grad)
+        if message is None or self.wire is None:
+            return message
+        return self.wire.round_trip(i, message)
