@@ -263,78 +263,83 @@ def fit(
     weight_decay: float = TrainConfig.weight_decay,
     epochs: float = TrainConfig.epochs,
     batch_size: int = TrainConfig.batch_size,
-    warmup_epochs: float | None = None,
-    decay_epochs: Sequence[float] | None = None,
+    warmup_epochs: float | None = TrainConfig.warmup_epochs,
+    decay_epochs: Sequence[float] | None = TrainConfig.lr_decay_epochs,
     decay_factor: float = TrainConfig.lr_decay_factor,
+    lr_scaling: str = TrainConfig.lr_scaling,
     eval_every: float = TrainConfig.eval_every,
+    checkpoint_every: float = TrainConfig.checkpoint_every,
     timing: str = TrainConfig.timing,
     timing_params: dict[str, Any] | None = None,
-    cluster: str | dict[str, Any] | None = None,
+    cluster: str | dict[str, Any] | None = TrainConfig.cluster,
     partition: str = TrainConfig.partition,
-    max_staleness: int | None = None,
+    max_staleness: int | None = TrainConfig.max_staleness,
+    compress: str = TrainConfig.compress,
     seed: int = TrainConfig.seed,
     dtype: str = TrainConfig.dtype,
     backend: str = TrainConfig.backend,
-    address: str | None = None,
+    address: str | None = TrainConfig.address,
     servers: int = TrainConfig.servers,
     standby: bool = TrainConfig.standby,
-    device: str | torch.device = "cpu",
-    batch_workers: int | str = 1,
-    threads: int | None = None,
+    server_timeout: float = TrainConfig.server_timeout,
+    relay_log_bytes: int = TrainConfig.relay_log_bytes,
     time_scale: float = TrainConfig.time_scale,
+    max_workers: int | None = TrainConfig.max_workers,
+    grow_at: str | None = TrainConfig.grow_at,
+    device: str | torch.device = TrainConfig.device,
+    batch_workers: int | str = TrainConfig.batch_workers,
+    threads: int | None = None,
     out: str | Path | None = None,
     progress: bool = False,
-    mlflow: str | None = None,
+    mlflow: str | None = TrainConfig.mlflow,
     mlflow_experiment: str = TrainConfig.mlflow_experiment,
     run_name: str | None = None,
     tags: dict[str, Any] | None = None,
     tensorboard: str | Path | None = None,
     **hparams: Any,
 ) -> FitResult:
-    """Train ``model`` on ``train`` with ``workers`` asynchronous workers; a :class:`FitResult`.
+    """Train ``model`` on ``train`` with ``workers`` asynchronous workers: ``dana train``
+    on your own model, data and loss.
 
-    The defaults and the checks are ``dana train``'s (:class:`~dana.train.config.TrainConfig`):
-    ``dana-slim``, 8 workers, 3 epochs of batches of 128 per worker, lr 0.005, momentum
-    0.9, weight decay 1e-4, ``gamma`` timing, an evaluation every epoch; ``warmup_epochs
-    =None``: the automatic warm-up from ``lr/k`` (60 steps per worker, within 1/8 and 2/3
-    of the run); ``decay_epochs=None``: one decay x``decay_factor`` at 9/10 of the run
-    (``[]``: none). A bad argument raises :class:`~dana.errors.ConfigError` (a
-    ``ValueError``) saying what it accepts, as ``dana train`` does. ``backend``: any
-    registered runner (:data:`dana.train.backends.RUNNERS`: ``sim``, ``ray``).
+    Every option is ``dana train``'s (``dana train --help``; the names: underscores
+    for dashes, ``decay_epochs`` for ``--lr-decay-epochs``, ``decay_factor`` for
+    ``--lr-decay-factor``), with the same defaults (:class:`~dana.train.config.TrainConfig`)
+    and checks: a bad argument raises :class:`~dana.errors.ConfigError` (a
+    ``ValueError``) saying what it accepts. ``warmup_epochs=None`` and
+    ``decay_epochs=None`` are the automatic warm-up and decay (``[]``: none).
 
-    ``model``: a module (its current parameters are the start; on Ray each worker gets a
-    copy), or a zero-argument factory (called after ``torch.manual_seed(seed)``, once
-    here and once in each Ray worker). ``train`` and ``test``: ``(x, y)`` tensors, a
-    ``Dataset`` of ``(x, y)`` items read per batch, or an ``IterableDataset`` with
-    ``__len__`` (:mod:`dana.train.reading`; ``x`` a tensor, a tuple or a dict of tensors:
-    ``model(x)``, ``model(*x)``, ``model(**x)``); ``test`` defaults to the training data.
-    ``loss_fn(model(x), y)`` must return the batch's mean loss (default: the
-    cross-entropy over the classes of the output's last dimension).
-    ``metrics={"NAME": fn}``: ``fn(outputs, targets) -> float`` on each test batch,
-    averaged over the examples, the column ``test_NAME`` of the rows
-    (:mod:`dana.train.evaluation`). ``algorithm`` is any name
-    of ``dana algorithms``; ``momentum`` goes to it when it takes one, and ``hparams``
-    (``lc=...``, ``nesterov=...``) too. ``backend="ray"``: ``address`` joins a running
-    cluster (``"auto"``; default: a private local Ray for this call), ``servers`` splits
-    the parameters into that many shards, ``standby=False`` runs without shard 0's
-    standby replica (cheaper pushes; a lost shard 0 then ends the run: ``dana train
-    --no-standby``), ``time_scale`` emulates the ``timing`` model
-    (see ``dana train --help``). ``device``: where it computes (``"cpu"``, ``"cuda"``,
-    ``"auto"`` or a ``torch.device``; on Ray the workers, each with a share of the
-    cluster's GPUs, while the servers stay on the CPU). ``batch_workers`` and
-    ``threads``: the simulator's batched and threaded gradients, as ``dana train
-    --batch-workers`` and ``--threads``. ``out``: write the run directory there (as
-    ``dana train --out`` does, the final model as its ``model.safetensors``:
-    ``dana.load_model(out, model=make_model)``), else into a temporary one, removed at
-    the end. ``mlflow``: also track the run there, as ``dana train --mlflow`` does, as an
-    MLflow run named ``run_name`` (default: the run directory's name) with ``tags``
-    besides ``dana.run_dir``; ``tensorboard``: also write TensorBoard logs into that
-    directory. With ``out``, a failed fit leaves nothing there, and ``out`` must be new or
-    empty (as ``dana train --out``): files fit did not write are never overwritten. ``cluster``
-    and ``partition`` (the simulator only): the simulated cluster and the data per
-    worker, as ``dana train --cluster`` and ``--partition`` (``servers`` then splits the
-    messages over the shards' links). The
-    simulator on a GPU is tested where one is lent (the tests marked ``cuda``).
+    Args:
+        model: a ``torch.nn.Module`` (its parameters are the start; on Ray each worker
+            gets a copy), or a zero-argument factory (called after
+            ``torch.manual_seed(seed)``, here and in each Ray worker).
+        train: ``(x, y)`` tensors, a ``Dataset`` of ``(x, y)`` items read per batch, or
+            an ``IterableDataset`` with ``__len__`` (:mod:`dana.train.reading`; ``x`` a
+            tensor, tuple or dict of tensors: ``model(x)``, ``model(*x)``, ``model(**x)``).
+        test: the evaluation data, as ``train`` (default: ``train``).
+        loss_fn: ``loss_fn(model(x), y)``, the batch's mean loss (default: the
+            cross-entropy over the output's last dimension).
+        metrics: ``{"NAME": fn}``, ``fn(outputs, targets) -> float`` on each test batch,
+            averaged over the examples: the column ``test_NAME``.
+        algorithm: any name of ``dana algorithms``; ``momentum`` and ``hparams``
+            (``lc=...``, ``nesterov=...``) go to it.
+        backend: any registered runner (``sim``, ``ray``); ``address`` joins a running
+            Ray cluster (``"auto"``; default: a private local Ray for this call).
+        device: where it computes (``"cpu"``, ``"cuda"``, ``"auto"``, a ``torch.device``;
+            on Ray the workers, each with a share of the GPUs).
+        threads: the simulator's CPU threads (default 1, or ``OMP_NUM_THREADS``).
+        out: write the run directory there (new or empty; the final model as
+            ``model.safetensors``: ``dana.load_model(out, model=make_model)``); default a
+            temporary one, removed at the end. A failed fit leaves nothing there.
+        progress: show a progress bar.
+        mlflow, mlflow_experiment, run_name, tags: also track the run in MLflow, as an
+            MLflow run named ``run_name`` (default: the run directory's name) with
+            ``tags`` besides ``dana.run_dir``.
+        tensorboard: also write TensorBoard logs into this directory.
+        **hparams: the algorithm's other hyper-parameters.
+
+    Returns:
+        A :class:`FitResult`: the trained ``model`` (the master's parameters), the
+        metrics rows, the summary and the push log.
     """
     check_model(model, "fit", factory=True)
     tracking = Tracking.check(tensorboard, run_name, tags, mlflow)
@@ -365,12 +370,19 @@ def fit(
         max_staleness=max_staleness,
         seed=seed,
         eval_every=eval_every,
+        checkpoint_every=checkpoint_every,
+        lr_scaling=lr_scaling,
+        compress=compress,
         dtype=dtype,
         backend=backend,
         address=address,
         servers=servers,
         standby=standby,
+        server_timeout=server_timeout,
+        relay_log_bytes=relay_log_bytes,
         time_scale=time_scale,
+        max_workers=max_workers,
+        grow_at=grow_at,
         device=where.type,
         batch_workers=batch_workers,
         mlflow=None if mlflow is None else str(mlflow),

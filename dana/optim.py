@@ -47,6 +47,7 @@ from torch import Tensor
 
 from dana import algorithms
 from dana.algorithms.base import Algorithm, WorkerRule, move_tensors
+from dana.train.config import TrainConfig
 
 __all__ = ["Link", "Master", "Worker"]
 
@@ -90,8 +91,8 @@ class Master:
     def __init__(
         self,
         params: Iterable[Any] | Tensor,
-        algorithm: str | Algorithm = "dana-slim",
-        workers: int = 1,
+        algorithm: str | Algorithm = TrainConfig.algorithm,
+        workers: int = TrainConfig.workers,
         **hparams: Any,
     ):
         if isinstance(algorithm, Algorithm):
@@ -200,8 +201,8 @@ class Worker(torch.optim.Optimizer):
         params: Iterable[Any],
         master: Master | Link,
         rank: int = 0,
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
+        lr: float = TrainConfig.lr,
+        weight_decay: float = TrainConfig.weight_decay,
         *,
         algorithm: Algorithm | None = None,
         speed: float | None = None,

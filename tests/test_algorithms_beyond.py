@@ -847,6 +847,7 @@ def test_local_sgd_under_a_staleness_bound_keeps_it():
             lr=0.01,
             timing="gamma",
             max_staleness=bound,
+            weight_decay=0.0,
         )
         sim.run(pushes=300)
         runs[bound] = sim.log.numpy()["staleness"].max()

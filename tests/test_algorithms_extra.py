@@ -52,6 +52,7 @@ def simulator(name, workers=4, timing="gamma", lr=0.05, seed=0, gradient=None, *
         lr=lr,
         timing=timing,
         seed=seed,
+        weight_decay=0.0,
     )
 
 
@@ -222,6 +223,7 @@ def test_yellowfin_one_worker_in_the_simulator_is_the_open_loop_tuner():
         1,
         lr=0.1,
         timing="constant",
+        weight_decay=0.0,
     )
     sim.run(pushes=10)
     expected = yellowfin_reference(np.ones(5), noisy_quadratic(), 0.1, 0.5, 3, 10)
@@ -460,6 +462,7 @@ def test_checkpoint_round_trip_continues_exactly(name, bound):
             lr=0.05,
             timing="heterogeneous",
             max_staleness=bound,
+            weight_decay=0.0,
         )
 
     first = build()

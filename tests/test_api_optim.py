@@ -132,7 +132,7 @@ def test_local_sgd_takes_local_steps():
         local_steps=3,
         outer_lr=1.0,
     )
-    worker = dana.optim.Worker(ours.parameters(), master, lr=0.1)
+    worker = dana.optim.Worker(ours.parameters(), master, lr=0.1, weight_decay=0.0)
     rates = [torch.optim.lr_scheduler.LambdaLR(o, lambda e: 1.0) for o in (sgd, worker)]
     _steps(reference, sgd, rates[0], x, y, steps=9)
     _steps(ours, worker, rates[1], x, y, steps=9)

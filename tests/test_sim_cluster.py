@@ -63,6 +63,7 @@ def simulator(
         always_clock=always_clock,
         servers=servers,
         labels=labels,
+        weight_decay=0.0,
     )
 
 
@@ -550,6 +551,7 @@ def test_threaded_gradients_on_a_cluster_equal_one_at_a_time():
             source=GradientSource(flat, torch.nn.functional.cross_entropy, inputs)
             if threads > 1
             else None,
+            weight_decay=0.0,
         )
         sim.run(pushes=150)
         runs.append(sim)

@@ -177,7 +177,8 @@ def test_threads_replay_batchnorm_without_a_momentum():
     flat.module[1].momentum = None
     with pytest.raises(ValueError, match="momentum=None"):
         Simulator(dana.algorithms.build("asgd"), flat.flat.clone(), gradient,
-                  BatchStream(256, 16), 4, batch_workers=2, source=source)  # fmt: skip
+                  BatchStream(256, 16), 4, batch_workers=2, source=source,
+                  weight_decay=0.0)  # fmt: skip
 
 
 def _state(sim, flat):
@@ -223,7 +224,8 @@ def test_an_engine_needs_the_source():
     flat, gradient, _ = _problem()
     with pytest.raises(ValueError, match="source"):
         Simulator(dana.algorithms.build("asgd"), flat.flat.clone(), gradient,
-                  BatchStream(256, 16), 4, batch_workers=2)  # fmt: skip
+                  BatchStream(256, 16), 4, batch_workers=2,
+                  weight_decay=0.0)  # fmt: skip
 
 
 def test_simulate_with_batch_workers_and_threads():
@@ -235,7 +237,7 @@ def test_simulate_with_batch_workers_and_threads():
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
         return dana.simulate(model.double(), x, y, workers=6, lr=0.05, epochs=2, batch_size=16,
-                             **kw).simulator  # fmt: skip
+                             dtype="float64", **kw).simulator  # fmt: skip
 
     seq, bat, par = run(), run(batch_workers=4), run(threads=2)
     assert bat.engine is not None and par.engine is not None and seq.engine is None

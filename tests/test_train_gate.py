@@ -45,6 +45,7 @@ def simulator(name="dana-slim", workers=8, bound=None, timing="heterogeneous", s
         seed=seed,
         max_staleness=bound,
         **kw,
+        weight_decay=0.0,
     )
 
 

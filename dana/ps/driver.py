@@ -79,7 +79,7 @@ from dana.train.codecs import push_bytes
 from dana.train.config import TrainConfig
 from dana.train.gate import bounds_staleness
 from dana.train.metrics import Position, summarize
-from dana.train.problem import Problem
+from dana.train.problem import TrainingProblem
 from dana.train.progress import Progress
 from dana.train.pushlog import PushLog
 from dana.train.rundir import RunDir
@@ -94,7 +94,7 @@ class RayRun:
         self,
         config: TrainConfig,
         run: RunDir,
-        problem: Problem,
+        problem: TrainingProblem,
         algorithm: Algorithm | None = None,
         *,
         threads: int = 1,  # (the work runs in the actors, one thread each)
@@ -130,7 +130,7 @@ class RayRun:
         return self.points.rows
 
     @classmethod
-    def check(cls, config: TrainConfig, problem: Problem) -> None:
+    def check(cls, config: TrainConfig, problem: TrainingProblem) -> None:
         """Ray must be importable (:func:`~dana.ps.cluster.import_ray` says how to get
         it); the shards must not outnumber the parameters."""
         import_ray()
@@ -294,7 +294,7 @@ class RayRun:
         # A user's problem (dana.fit) goes to the workers once, through the object store;
         # its reference is held here for the run, so that a restarted worker finds it too
         # (Ray warns that restarts need the arguments in the object store: they are).
-        spec = getattr(self.problem, "spec", None)
+        spec = self.problem.spec
         self.spec_ref = None if spec is None else ray.put(spec)
         gpus = worker_gpus(ray, self.config.device, self.members.k_max)
         self.worker_cls = ray.remote(Worker).options(**worker_options(cpus, gpus))

@@ -22,7 +22,7 @@ import torch
 from dana.ps.checkpoint import build_state
 from dana.ps.log import LogMerger
 from dana.train.metrics import Position, divergence_row, metrics_row
-from dana.train.problem import Problem
+from dana.train.problem import TrainingProblem
 from dana.train.progress import Progress
 from dana.train.rundir import RunDir
 
@@ -42,7 +42,7 @@ class Points:
     def __init__(
         self,
         run: RunDir,
-        problem: Problem,
+        problem: TrainingProblem,
         merger: LogMerger,
         servers: int,
         batches_per_epoch: int,

@@ -29,7 +29,7 @@ from dana.train.batches import BatchStream
 from dana.train.codecs import push_bytes
 from dana.train.config import TrainConfig
 from dana.train.metrics import Position, divergence_row, metrics_row, summarize
-from dana.train.problem import Problem
+from dana.train.problem import TrainingProblem
 from dana.train.progress import Progress
 from dana.train.pushlog import PushLog
 from dana.train.resources import check_memory
@@ -39,7 +39,7 @@ from dana.train.training import build_schedule, stop_points
 
 
 def engine_settings(
-    config: TrainConfig, problem: Problem, threads: int, batches: BatchStream
+    config: TrainConfig, problem: TrainingProblem, threads: int, batches: BatchStream
 ) -> tuple[int, int]:
     """``(batch_workers, threads)`` for the simulator (:mod:`dana.sim.compute`).
 
@@ -67,6 +67,48 @@ def engine_settings(
     return 1, 1
 
 
+def build_simulator(
+    config: TrainConfig,
+    problem: TrainingProblem,
+    algorithm: Algorithm | None = None,
+    threads: int = 1,
+) -> Simulator:
+    """The :class:`~dana.sim.simulator.Simulator` of a run: ``config``'s algorithm (or
+    ``algorithm``, built from it), workers, schedule, timing, bound, cluster and codec
+    on ``problem``'s parameters, gradient and batches, with the engine
+    :func:`engine_settings` picks. ``dana train``, ``dana.fit`` and ``dana.simulate``
+    build it here."""
+    if algorithm is None:
+        algorithm = config.build_algorithm()
+    batches = problem.batches(config.seed)
+    batch_workers, threads = engine_settings(config, problem, threads, batches)
+    if config.cluster is not None and config.servers > problem.flat.d:
+        raise ConfigError(
+            f"--servers {config.servers}: the model has {problem.flat.d} parameters; "
+            "a shard holds at least one"
+        )
+    return Simulator(
+        algorithm,
+        problem.initial_params(),
+        problem.gradient,
+        batches,
+        config.workers,
+        lr=build_schedule(config, batches.batches_per_epoch),
+        weight_decay=config.weight_decay,
+        timing=config.timing,
+        timing_params=config.timing_params,
+        seed=config.seed,
+        max_staleness=config.max_staleness,
+        batch_workers=batch_workers,
+        threads=threads,
+        source=problem.source() if batch_workers > 1 or threads > 1 else None,
+        cluster=config.cluster,
+        servers=config.servers,
+        labels=class_labels(problem.dataset.train_y),
+        compress=config.compress,
+    )
+
+
 class SimRun:
     """One simulated training run writing to one run directory."""
 
@@ -74,49 +116,21 @@ class SimRun:
         self,
         config: TrainConfig,
         run: RunDir,
-        problem: Problem,
+        problem: TrainingProblem,
         algorithm: Algorithm | None = None,
         *,
         threads: int = 1,
     ):
         self.config, self.run, self.problem = config, run, problem
-        algorithm = (
-            algorithm if algorithm is not None else config.build_algorithm()
-        )  # (train() gives the one it built)
-        self.batches = problem.batches(config.seed)
-        batch_workers, threads = engine_settings(config, problem, threads, self.batches)
-        if config.cluster is not None and config.servers > problem.flat.d:
-            raise ConfigError(
-                f"--servers {config.servers}: the model has {problem.flat.d} parameters; "
-                "a shard holds at least one"
-            )
-        self.sim = Simulator(
-            algorithm,
-            problem.initial_params(),
-            problem.gradient,
-            self.batches,
-            config.workers,
-            lr=build_schedule(config, self.batches.batches_per_epoch),
-            weight_decay=config.weight_decay,
-            timing=config.timing,
-            timing_params=config.timing_params,
-            seed=config.seed,
-            max_staleness=config.max_staleness,
-            batch_workers=batch_workers,
-            threads=threads,
-            source=problem.source() if batch_workers > 1 or threads > 1 else None,
-            cluster=config.cluster,
-            servers=config.servers,
-            labels=class_labels(problem.dataset.train_y),
-            compress=config.compress,
-        )
+        self.sim = build_simulator(config, problem, algorithm, threads)
+        self.batches = self.sim.batches
         self.rows: list[dict[str, float]] = []
         self.logged = 0  # pushes already summarised in a metrics row
         self.wall_before = 0.0  # wall seconds spent before a resume
         self.diverged_at: int | None = None
 
     @classmethod
-    def check(cls, config: TrainConfig, problem: Problem) -> None:
+    def check(cls, config: TrainConfig, problem: TrainingProblem) -> None:
         """The per-worker state of ``k`` workers must fit in memory
         (:func:`~dana.train.resources.check_memory`)."""
         check_memory(config, problem.flat.d)

@@ -42,6 +42,7 @@ from dana.sim.schedules import Schedule, choose
 from dana.train.batches import BatchStream
 from dana.train.classmeter import ClassMeter
 from dana.train.codecs import Wire, build_codec
+from dana.train.config import TrainConfig
 from dana.train.gate import bounds_staleness, check_staleness
 from dana.train.pushlog import PushLog
 from dana.train.schedule import constant_schedule, next_rate
@@ -87,11 +88,11 @@ class Simulator:
         batches: BatchStream,
         workers: int,
         *,
-        lr: float | Callable[[float], float] = 0.1,
-        weight_decay: float = 0.0,
-        timing: TimingModel | str = "constant",
+        lr: float | Callable[[float], float] = TrainConfig.lr,
+        weight_decay: float = TrainConfig.weight_decay,
+        timing: TimingModel | str = TrainConfig.timing,
         timing_params: dict[str, Any] | None = None,
-        seed: int = 0,
+        seed: int = TrainConfig.seed,
         measure_gap: bool = True,
         max_staleness: int | None = None,
         batch_workers: int = 1,

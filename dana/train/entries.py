@@ -19,13 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
-from torch.utils.data import default_collate
 
 from dana import algorithms
 from dana.errors import ArgumentTypeError, ConfigError
 from dana.train.config import PYTHON_NAMES, TrainConfig
-from dana.train.reading import check_finite
 
 #: The entries' names for the TrainConfig fields they name otherwise.
 FIELDS = {python: field for field, python in PYTHON_NAMES.items()}
@@ -98,47 +95,6 @@ def check_callable(value: Any, name: str, entry: str) -> None:
             f"{entry}(): {name} must be a function, as loss_fn(model(x), y) -> the batch's mean "
             f"loss, got {type(value).__name__}"
         )
-
-
-def as_tensors(data: Any, what: str) -> tuple[Tensor, Tensor]:
-    """``(x, y)`` as two tensors of one row per example, every floating value finite:
-    from a pair of tensors (or arrays), or by collating every item of a
-    ``torch.utils.data.Dataset`` of ``(x, y)`` items. ArgumentTypeError for another
-    kind, ConfigError for a bad shape, no examples, or a NaN or infinite value."""
-    if isinstance(data, tuple | list) and len(data) == 2:
-        try:
-            x, y = (torch.as_tensor(v) for v in data)
-        except (TypeError, ValueError, RuntimeError) as e:
-            raise ArgumentTypeError(f"{what}: x and y must be tensors or arrays: {e}") from None
-    elif hasattr(data, "__getitem__") and hasattr(data, "__len__") and not isinstance(data, str):
-        n = len(data)
-        if n == 0:
-            raise ConfigError(f"{what}: the dataset is empty")
-        try:
-            batch = default_collate([data[i] for i in range(n)])
-        except (TypeError, RuntimeError) as e:
-            raise ConfigError(
-                f"{what}: the items of the dataset must be (x, y) pairs of tensors or "
-                f"numbers of one shape each: {e}"
-            ) from None
-        if not isinstance(batch, list | tuple) or len(batch) != 2:
-            raise ConfigError(f"{what}: each item of the dataset must be an (x, y) pair")
-        x, y = batch
-    else:
-        raise ArgumentTypeError(
-            f"{what}: expected (x, y) tensors or a torch.utils.data.Dataset, got "
-            f"{type(data).__name__}"
-        )
-    if x.dim() == 0 or y.dim() == 0 or len(x) != len(y):
-        raise ConfigError(
-            f"{what}: x and y must have one row per example, got shapes {tuple(x.shape)} "
-            f"and {tuple(y.shape)}"
-        )
-    if len(x) == 0:
-        raise ConfigError(f"{what}: no examples")
-    check_finite(x, f"{what}: x")
-    check_finite(y, f"{what}: y")
-    return x, y
 
 
 @dataclass

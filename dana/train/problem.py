@@ -15,7 +15,7 @@ next-token error, and ``metrics.csv`` also gets the test perplexity
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,39 @@ from dana.train.evaluation import perplexity
 from dana.train.flat import FlatModel
 from dana.train.resources import build_within_memory
 from dana.train.stacked import GradientSource
+
+
+class TrainingProblem(Protocol):
+    """What the runners read of a problem: :class:`Problem` (a dataset and a model of
+    dana's) and :class:`dana.fitting.UserProblem` (``dana.fit``'s model, data and loss)."""
+
+    config: TrainConfig
+    flat: FlatModel
+    loss_fn: Any
+    dataset: Any  #: ``train_size`` and ``train_y`` (the class labels, or None)
+    measured: tuple[str, ...]  #: ``metrics.csv`` columns a metric hook measures
+    derived: dict[str, Any]  #: ``metrics.csv`` columns computed from each row
+    spec: Any  #: what a Ray worker rebuilds the problem from (None: from the config)
+
+    def initial_params(self) -> Tensor: ...
+
+    def batches(self, seed: int, worker: int | None = None) -> Any: ...
+
+    def gradient(self, params: Tensor, batch: Any) -> tuple[Tensor, float]: ...
+
+    def inputs(self, batch: Any) -> tuple[Any, Tensor]: ...
+
+    def source(self) -> GradientSource: ...
+
+    def evaluate(self, params: Tensor) -> dict[str, float]: ...
+
+    def model_info(self) -> dict[str, Any]: ...
+
+    def save_model(self, path: str | Path, params: Tensor) -> Path: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 def token_cross_entropy(out: Tensor, target: Tensor) -> Tensor:
@@ -62,6 +95,7 @@ class Problem:
         #: Columns of metrics.csv measured at each evaluation beyond the loss and the
         #: error (a ``dana.fit`` metric hook's; none here).
         self.measured: tuple[str, ...] = ()
+        self.spec = None  # (a Ray worker builds its own from the config)
         if config.batch_size > ds.train_size:
             from dana.errors import ConfigError
 

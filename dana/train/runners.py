@@ -17,7 +17,7 @@ from torch import Tensor
 
 from dana.algorithms.base import Algorithm
 from dana.train.config import TrainConfig
-from dana.train.problem import Problem
+from dana.train.problem import TrainingProblem
 from dana.train.progress import Progress
 from dana.train.pushlog import PushLog
 from dana.train.rundir import RunDir
@@ -45,14 +45,14 @@ class Runner(Protocol):
         self,
         config: TrainConfig,
         run: RunDir,
-        problem: Problem,
+        problem: TrainingProblem,
         algorithm: Algorithm | None = None,
         *,
         threads: int = 1,
     ) -> None: ...
 
     @classmethod
-    def check(cls, config: TrainConfig, problem: Problem) -> None: ...
+    def check(cls, config: TrainConfig, problem: TrainingProblem) -> None: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 

@@ -26,7 +26,7 @@ from dana.errors import DanaError
 from dana.train import preempt
 from dana.train.backends import check_backend, runner_class
 from dana.train.config import TrainConfig
-from dana.train.problem import Problem
+from dana.train.problem import Problem, TrainingProblem
 from dana.train.progress import Progress
 from dana.train.rundir import SETTINGS_KEY, RunDir, check_local
 from dana.train.schedule import LRSchedule
@@ -131,11 +131,11 @@ def train(
     return summary
 
 
-def add_columns(run: RunDir, problem: Any) -> None:
+def add_columns(run: RunDir, problem: TrainingProblem) -> None:
     """The run's ``metrics.csv`` columns beyond dana's own: the problem's measured ones
     (a metric hook's) and derived ones (a language model's perplexity)."""
-    run.measured = tuple(getattr(problem, "measured", ()))
-    run.derived = dict(getattr(problem, "derived", {}))
+    run.measured = tuple(problem.measured)
+    run.derived = dict(problem.derived)
 
 
 def start_run(run: RunDir, config: TrainConfig, version: str) -> None:
