@@ -53,9 +53,9 @@ from dana.ps.accounting import check_run, lost_and_doubled  # noqa: E402
 from dana.ps.cluster import WORKER_RESTARTS  # noqa: E402
 from dana.ps.reaper import ray_descendants  # noqa: E402
 from dana.train.config import TrainConfig  # noqa: E402
-from dana.train.problem import Problem  # noqa: E402
-from dana.train.progress import Progress  # noqa: E402
-from dana.train.rundir import RunDir  # noqa: E402
+from dana.train.records.progress import Progress  # noqa: E402
+from dana.train.records.rundir import RunDir  # noqa: E402
+from dana.train.task.problem import Problem  # noqa: E402
 
 KINDS = ("worker", "shard", "head", "standby", "pause-short", "pause-long")
 #: The smoke run's faults, in order, and no other.

@@ -29,7 +29,7 @@ store's pages are touched for the first time during the warm-up).
   the standby and the other shards, keeps their recovery snapshots, taken once a second,
   and trims the logs to them). Measured in the order without, with, with, without, so
   that a drift of the machine's load weighs on both alike.
-- codecs: dana with each codec of ``--compress`` (:mod:`dana.train.codecs`) at the large
+- codecs: dana with each codec of ``--compress`` (:mod:`dana.train.rules.codecs`) at the large
   size, 4 workers, one shard: pushes per second at the server (each worker sends its
   message encoded once, beforehand, as the plain rows send a precomputed message: the
   server decodes every push), the bytes of a push, and the encode and decode times of
@@ -81,8 +81,8 @@ from dana.ps.layout import Layout  # noqa: E402
 from dana.ps.link import ServerLink  # noqa: E402
 from dana.ps.protocol import Pulled, Push, split  # noqa: E402
 from dana.ps.shard import ShardServer  # noqa: E402
-from dana.train.codecs import Wire, build_codec  # noqa: E402
 from dana.train.config import TrainConfig  # noqa: E402
+from dana.train.rules.codecs import Wire, build_codec  # noqa: E402
 
 SMALL, LARGE = 272_474, 25_557_032
 

@@ -10,7 +10,7 @@ ms), 2 ms latency and 1 Gbit/s per worker link, and one preemption (worker 1 awa
 the staleness (mean, p90), the run's duration in model ms (Ray: training seconds / S)
 and the final test error; the errors are Ray minus the simulator. A third run is the
 simulator on the cluster model fitted to the Ray run's own ``step_times.csv``
-(:func:`dana.train.clusterfit.fit_cluster`, ``dana fit-cluster``): how close a replay
+(:func:`dana.train.cluster.fit.fit_cluster`, ``dana fit-cluster``): how close a replay
 of a measured cluster comes, the Ray run's overheads (its real calls) included.
 
 Run (from the repository root): ``python bench/ray_vs_sim.py`` (3 seeds, about 4
@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 
 from dana.train.backends import runner_class
-from dana.train.clusterfit import fit_cluster
+from dana.train.cluster.fit import fit_cluster
 from dana.train.config import TrainConfig
-from dana.train.problem import Problem
-from dana.train.progress import Progress
-from dana.train.rundir import RunDir
+from dana.train.records.progress import Progress
+from dana.train.records.rundir import RunDir
+from dana.train.task.problem import Problem
 
 CLUSTER: dict[str, Any] = {
     "name": "hetero-lossy",

@@ -55,7 +55,7 @@ def child(algorithm: str, k: int, d: int, pushes: int) -> None:
 
     import dana.algorithms as A
     from dana.sim import Simulator
-    from dana.train.batches import BatchStream
+    from dana.train.task.batches import BatchStream
 
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)

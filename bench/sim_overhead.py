@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import dana.algorithms as A  # noqa: E402
 from dana.models import build_model  # noqa: E402
 from dana.sim import Simulator  # noqa: E402
-from dana.train.batches import BatchStream  # noqa: E402
-from dana.train.flat import FlatModel  # noqa: E402
+from dana.train.task.batches import BatchStream  # noqa: E402
+from dana.train.task.flat import FlatModel  # noqa: E402
 
 
 def load_data(source: str, n: int) -> tuple[torch.Tensor, torch.Tensor, str]:

@@ -44,9 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import dana  # noqa: E402
 from dana.models import build_model  # noqa: E402
 from dana.sim import Simulator  # noqa: E402
-from dana.train.batches import BatchStream  # noqa: E402
-from dana.train.flat import FlatModel  # noqa: E402
-from dana.train.stacked import GradientSource  # noqa: E402
+from dana.train.task.batches import BatchStream  # noqa: E402
+from dana.train.task.flat import FlatModel  # noqa: E402
+from dana.train.task.stacked import GradientSource  # noqa: E402
 
 SHAPES = {"cnn": (1, 28), "resnet20": (3, 32)}
 

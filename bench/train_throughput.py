@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from dana.models import build_model  # noqa: E402
 from dana.sim.driver import SimRun  # noqa: E402
-from dana.train.batches import BatchStream  # noqa: E402
 from dana.train.config import TrainConfig  # noqa: E402
-from dana.train.problem import Problem  # noqa: E402
-from dana.train.progress import Progress  # noqa: E402
-from dana.train.rundir import RunDir  # noqa: E402
+from dana.train.records.progress import Progress  # noqa: E402
+from dana.train.records.rundir import RunDir  # noqa: E402
+from dana.train.task.batches import BatchStream  # noqa: E402
+from dana.train.task.problem import Problem  # noqa: E402
 
 
 class DanaTrain:

@@ -22,7 +22,7 @@ _PUBLIC = {
     "SimulationResult": "dana.api",
     "simulate": "dana.api",
     "Simulator": "dana.sim",
-    "load_model": "dana.train.modelfile",
+    "load_model": "dana.train.records.modelfile",
     "algorithms": None,
     "optim": None,
 }

@@ -30,11 +30,11 @@ from dana.sim.simulator import Simulator
 from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
 from dana.train.entries import check_callable, check_model, entry_config
-from dana.train.evaluation import cross_entropy
-from dana.train.flat import FlatModel, LossFn
-from dana.train.pushlog import PushLog
-from dana.train.reading import TensorData
+from dana.train.records.pushlog import PushLog
 from dana.train.resources import check_threads, default_threads
+from dana.train.task.evaluation import cross_entropy
+from dana.train.task.flat import FlatModel, LossFn
+from dana.train.task.reading import TensorData
 
 
 @dataclass

@@ -63,9 +63,9 @@ def resume_conflicts(args: argparse.Namespace) -> list[str]:
 def cmd_train(args: argparse.Namespace) -> int:
     from dana.errors import DanaError
     from dana.train.config import TrainConfig
-    from dana.train.progress import format_table
+    from dana.train.records.progress import format_table
+    from dana.train.records.rundir import RunDir
     from dana.train.resources import use_threads
-    from dana.train.rundir import RunDir
     from dana.train.training import train
     from dana.version import __version__
 
@@ -141,7 +141,7 @@ def cmd_fit_cluster(args: argparse.Namespace) -> int:
 
     from dana.atomic import write_text_atomic
     from dana.errors import DanaError
-    from dana.train.clusterfit import GAP_FACTOR, fit_cluster
+    from dana.train.cluster.fit import GAP_FACTOR, fit_cluster
 
     gap = GAP_FACTOR if args.gap_factor is None else args.gap_factor
     if not (gap > 1 and math.isfinite(gap)):

@@ -48,6 +48,6 @@ class ArgumentTypeError(DanaError, TypeError):
 
 class Preempted(Exception):
     """The run was stopped by SIGTERM or SIGINT and wrote a checkpoint of that moment
-    (:mod:`dana.train.preempt`): not a failure. The command line prints the message
+    (:mod:`dana.train.records.preempt`): not a failure. The command line prints the message
     (where the checkpoint is and the ``--resume`` command) and exits with status 75
     (:data:`EXIT_PREEMPTED`)."""

@@ -2,10 +2,10 @@
 
 :func:`fit` takes a ``torch.nn.Module`` (or a zero-argument factory that builds one),
 training data and optional test data (tensors, a ``Dataset`` read per batch or an
-``IterableDataset``: :mod:`dana.train.reading`), a loss, and ``backend="sim"`` (the
+``IterableDataset``: :mod:`dana.train.task.reading`), a loss, and ``backend="sim"`` (the
 exact simulator, :mod:`dana.sim`) or ``backend="ray"`` (real workers and parameter-server
 shards on Ray, :mod:`dana.ps`). Both run the loop of ``dana train``: evaluations every
-``eval_every`` epochs (any task: :mod:`dana.train.evaluation`; a metric hook adds
+``eval_every`` epochs (any task: :mod:`dana.train.task.evaluation`; a metric hook adds
 columns), the same ``metrics.csv`` rows and ``summary.json`` figures, the final model
 kept in the run directory, and both return the same :class:`FitResult`.
 
@@ -40,13 +40,16 @@ import torch
 from torch import Tensor, nn
 
 from dana.errors import ConfigError, DanaError
-from dana.train import inputs as I
 from dana.train.backends import check_name, runner_class
-from dana.train.batches import BatchStream, WorkerBatches, batches_for
 from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
 from dana.train.entries import Tracking, check_callable, check_model, entry_config
-from dana.train.evaluation import (
+from dana.train.records.pushlog import PushLog
+from dana.train.records.rundir import RunDir, check_local
+from dana.train.resources import check_threads, default_threads
+from dana.train.task import inputs as I
+from dana.train.task.batches import BatchStream, WorkerBatches, batches_for
+from dana.train.task.evaluation import (
     TOKENS,
     MetricFn,
     check_metrics,
@@ -55,12 +58,9 @@ from dana.train.evaluation import (
     perplexity,
     probe_task,
 )
-from dana.train.flat import FlatModel, LossFn
-from dana.train.pushlog import PushLog
-from dana.train.reading import Data, MapData, ReadBatches, TensorData, data_source, place
-from dana.train.resources import check_threads, default_threads
-from dana.train.rundir import RunDir, check_local
-from dana.train.stacked import GradientSource
+from dana.train.task.flat import FlatModel, LossFn
+from dana.train.task.reading import Data, MapData, ReadBatches, TensorData, data_source, place
+from dana.train.task.stacked import GradientSource
 from dana.train.training import add_columns, execute_run, start_run
 
 ModelOrFactory = nn.Module | Callable[[], nn.Module]
@@ -105,13 +105,13 @@ class UserData:
 
 
 class UserProblem:
-    """:class:`dana.train.problem.Problem`'s interface on the user's model, data and loss.
+    """:class:`dana.train.task.problem.Problem`'s interface on the user's model, data and loss.
 
-    The evaluation is every run's (:mod:`dana.train.evaluation`): the loss, the error
+    The evaluation is every run's (:mod:`dana.train.task.evaluation`): the loss, the error
     rate where the outputs and targets define one, and the ``metrics`` hook's values;
     token prediction (``N x T x V`` outputs against ``N x T`` integer targets) also
     gets ``test_perplexity``. ``test``: the evaluation data (the driver's; None in a
-    Ray worker). The training data are read as :mod:`dana.train.reading` says.
+    Ray worker). The training data are read as :mod:`dana.train.task.reading` says.
     """
 
     def __init__(
@@ -199,8 +199,8 @@ class UserProblem:
 
     def save_model(self, path: str | Path, params: Tensor) -> Path:
         """Write the model at ``params``, with its buffers, to ``path`` (a run
-        directory: its ``model.safetensors``; :mod:`dana.train.modelfile`)."""
-        from dana.train.modelfile import save_model
+        directory: its ``model.safetensors``; :mod:`dana.train.records.modelfile`)."""
+        from dana.train.records.modelfile import save_model
 
         flat = self.flat
         with torch.no_grad():
@@ -235,7 +235,7 @@ class FitResult:
 
     def evaluate(self, x: I.Inputs, y: Tensor) -> tuple[float, float]:
         """(mean loss, error rate or NaN) of the final parameters on ``(x, y)``
-        (:mod:`dana.train.evaluation`)."""
+        (:mod:`dana.train.task.evaluation`)."""
         found = self.measure(x, y)
         return found["loss"], found["error"]
 
@@ -313,7 +313,7 @@ def fit(
             gets a copy), or a zero-argument factory (called after
             ``torch.manual_seed(seed)``, here and in each Ray worker).
         train: ``(x, y)`` tensors, a ``Dataset`` of ``(x, y)`` items read per batch, or
-            an ``IterableDataset`` with ``__len__`` (:mod:`dana.train.reading`; ``x`` a
+            an ``IterableDataset`` with ``__len__`` (:mod:`dana.train.task.reading`; ``x`` a
             tensor, tuple or dict of tensors: ``model(x)``, ``model(*x)``, ``model(**x)``).
         test: the evaluation data, as ``train`` (default: ``train``).
         loss_fn: ``loss_fn(model(x), y)``, the batch's mean loss (default: the
@@ -390,7 +390,7 @@ def fit(
         tensorboard=tensorboard is not None,
     )
     if config.mlflow:
-        from dana.train.tracking import import_mlflow
+        from dana.train.records.tracking import import_mlflow
 
         import_mlflow()
     metrics = check_metrics(metrics)

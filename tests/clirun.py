@@ -42,7 +42,7 @@ import dana.experiments.cli  # noqa: F401  (what `dana sweep` and `dana report` 
 import dana.sim.driver  # noqa: F401  (the simulator, which `dana train` runs)
 import matplotlib
 
-matplotlib.use("Agg")  # as dana.train.rundir.write_plot does, before its pyplot import
+matplotlib.use("Agg")  # as dana.train.records.rundir.RunDir.write_plot does, before its pyplot import
 import matplotlib.pyplot  # noqa: F401,E402  (curves.png: seconds to import)
 
 protocol_in, protocol_out = sys.stdin, sys.stdout

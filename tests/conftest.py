@@ -27,12 +27,12 @@ from torch import Tensor
 import dana.algorithms as A
 from dana.algorithms.base import Algorithm
 from dana.sim import Simulator
-from dana.train.batches import BatchStream
+from dana.train.cluster.timing import read_trace
 from dana.train.config import TrainConfig
-from dana.train.problem import Problem
-from dana.train.progress import Progress
-from dana.train.rundir import METRICS_COLUMNS, RunDir
-from dana.train.timing import read_trace
+from dana.train.records.progress import Progress
+from dana.train.records.rundir import METRICS_COLUMNS, RunDir
+from dana.train.task.batches import BatchStream
+from dana.train.task.problem import Problem
 
 # The problems here are tiny: a second intra-op thread only adds synchronisation, and on
 # a busy machine its spin-waiting makes each small op many times slower.

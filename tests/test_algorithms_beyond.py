@@ -28,7 +28,7 @@ from conftest import (
 
 import dana.algorithms as A
 from dana.sim import Simulator
-from dana.train.batches import BatchStream
+from dana.train.task.batches import BatchStream
 
 F64 = torch.float64
 NEW = [
@@ -613,7 +613,7 @@ def test_ringmaster_default_threshold_is_2k_and_drops_in_a_skewed_run():
 
 
 def test_the_class_meter_counts_only_the_pushes_ringmaster_applies():
-    from dana.train.classmeter import ClassMeter
+    from dana.train.cluster.classmeter import ClassMeter
 
     sim = make_simulator(
         "ringmaster-asgd", 4, timing="heterogeneous", timing_params={"machine_cv": 1.0}
@@ -658,7 +658,7 @@ def test_lwp_one_worker_is_momentum_sgd_and_pulls_the_linear_prediction():
 # -- Dynamic Local Updates ------------------------------------------------------------------
 def write_trace_file(path, durations):
     """A ``trace`` timing file in which worker ``i`` always takes ``durations[i]``."""
-    from dana.train.timing import write_trace
+    from dana.train.cluster.timing import write_trace
 
     write_trace(path, [(i, t) for i, t in enumerate(durations) for _ in range(3)])
     return str(path)
@@ -684,7 +684,7 @@ def test_dynamic_local_steps_by_hand():
 
 
 def test_relative_speeds_of_every_timing_model(tmp_path):
-    from dana.train.timing import build_timing, relative_speeds
+    from dana.train.cluster.timing import build_timing, relative_speeds
 
     assert relative_speeds(build_timing("constant", 3)) == [1.0, 1.0, 1.0]
     assert relative_speeds(build_timing("gamma", 4, seed=3)) == [1.0] * 4

@@ -18,8 +18,8 @@ from dana.algorithms.yellowfin import cubic_root, single_step
 from dana.cli import main
 from dana.errors import ConfigError
 from dana.sim import Simulator
-from dana.train.batches import BatchStream
 from dana.train.config import TrainConfig
+from dana.train.task.batches import BatchStream
 
 NEW = ("yellowfin", "yellowfin-cl", "easgd", "eamsgd", "dana-easgd", "sa-asgd")
 F64 = torch.float64

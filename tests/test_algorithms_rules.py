@@ -23,7 +23,7 @@ from torch import nn
 import dana.algorithms as A
 from dana.algorithms.base import Algorithm, MasterRule, MomentumAlgorithm
 from dana.sim import Simulator
-from dana.train.flat import FlatModel
+from dana.train.task.flat import FlatModel
 
 LR, M, STEPS = 0.1, 0.9, 60
 TOL = 1e-10  # relative, float64

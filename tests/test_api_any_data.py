@@ -15,8 +15,8 @@ from torch import nn
 
 import dana
 from dana.errors import ConfigError
-from dana.train.batches import BatchStream
-from dana.train.reading import MapData, ReadBatches, read_key
+from dana.train.task.batches import BatchStream
+from dana.train.task.reading import MapData, ReadBatches, read_key
 
 try:
     import ray

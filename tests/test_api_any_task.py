@@ -15,8 +15,8 @@ import torch
 import dana
 from dana.experiments.report import build_report
 from dana.models import build_language_model
-from dana.train.evaluation import check_metrics, evaluate_module, task_of
-from dana.train.rundir import RunDir
+from dana.train.records.rundir import RunDir
+from dana.train.task.evaluation import check_metrics, evaluate_module, task_of
 
 try:
     import ray

@@ -11,7 +11,7 @@ import torch
 
 import dana
 from dana.errors import ConfigError
-from dana.train.rundir import RunDir
+from dana.train.records.rundir import RunDir
 
 try:
     import ray

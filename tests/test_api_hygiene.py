@@ -156,7 +156,7 @@ def test_fit_names_and_tags_its_mlflow_run_and_writes_tensorboard_logs(tmp_path:
     pytest.importorskip("tensorboard", reason="TensorBoard not installed")
     from mlflow.tracking import MlflowClient
 
-    from dana.train.tracking import tracking_uri
+    from dana.train.records.tracking import tracking_uri
 
     store, board = tmp_path / "mlruns", tmp_path / "board"
     dana.fit(_model, (X, Y), **FAST, mlflow=str(store), run_name="trial-7",

@@ -22,18 +22,18 @@ DOCTEST_MODULES = [
     "dana.algorithms",
     *ALGORITHM_MODULES,
     "dana.sim.simulator",
-    "dana.train.timing",
-    "dana.train.schedule",
-    "dana.train.batches",
-    "dana.train.flat",
-    "dana.train.gate",
-    "dana.train.partition",
-    "dana.train.classmeter",
+    "dana.train.cluster.timing",
+    "dana.train.rules.schedule",
+    "dana.train.task.batches",
+    "dana.train.task.flat",
+    "dana.train.rules.gate",
+    "dana.train.cluster.partition",
+    "dana.train.cluster.classmeter",
     "dana.experiments.grid",
 ]
 
 # The modules whose docstrings promise an example: it must be there, not only pass.
-WITH_EXAMPLES = set(DOCTEST_MODULES) - {"dana.algorithms.base", "dana.train.timing"}
+WITH_EXAMPLES = set(DOCTEST_MODULES) - {"dana.algorithms.base", "dana.train.cluster.timing"}
 
 
 def test_the_listed_modules_include_the_old_list():

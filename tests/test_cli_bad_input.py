@@ -186,8 +186,8 @@ def test_trace_of_huge_durations(tmp_path):
 
 def test_more_workers_than_memory_holds(tmp_path):
     from dana.train.config import TrainConfig
-    from dana.train.problem import Problem
     from dana.train.resources import available_memory, state_bytes
+    from dana.train.task.problem import Problem
 
     available = available_memory()
     if available is None:

@@ -16,7 +16,7 @@ import torch
 from clirun import kill_at_first_checkpoint, run_dana
 
 from dana.data import write_cifar10, write_idx
-from dana.train.rundir import METRICS_COLUMNS
+from dana.train.records.rundir import METRICS_COLUMNS
 
 SMALL = ["--dataset", "synthetic", "--model", "linear", "--train-size", "512", "--test-size", "256",
          "--batch-size", "32", "--quiet"]  # fmt: skip

@@ -427,7 +427,7 @@ def test_a_run_made_with_other_defaults_is_neither_reused_nor_taken_as_finished(
     changed since) is not copied by --reuse, and a sweep resumed on it refuses it."""
     from dana.experiments.layout import SweepDir, hparams_differ
     from dana.experiments.reuse import ReusableRuns
-    from dana.train.rundir import RunDir
+    from dana.train.records.rundir import RunDir
 
     old = tmp_path / "old"
     shutil.copytree(swept / "runs" / "dana-slim_k2_s0", old / "runs" / "dana-slim_k2_s0")

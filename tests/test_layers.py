@@ -75,7 +75,7 @@ def test_the_reader_sees_every_kind_of_import():
     train = GRAPH["dana.train.training"]
     assert "dana.train.backends" in train and "dana.train.config" in train
     assert "dana.experiments.cli" in GRAPH["dana.cli"]  # a lazy import, inside a function
-    assert "dana.errors" in GRAPH["dana.train.problem"]  # (only) inside a function
+    assert "dana.errors" in GRAPH["dana.train.task.problem"]  # (only) inside a function
     assert "dana.experiments.grid" in GRAPH["dana.experiments.cli"]  # TYPE_CHECKING too
     assert "dana.algorithms" in GRAPH["dana.train.config"]  # from dana import algorithms
     assert len(GRAPH) > 60
@@ -193,7 +193,7 @@ def test_a_runner_from_the_recipe_works_from_dana_train_and_dana_fit(tmp_path, m
     import dana
     from dana.cli import main
     from dana.train.backends import RUNNERS, Backend
-    from dana.train.rundir import RunDir
+    from dana.train.records.rundir import RunDir
 
     monkeypatch.setitem(RUNNERS, "toy", Backend("toy_runner", "ToyRun", deterministic=True))
     out = tmp_path / "cli"

@@ -19,9 +19,9 @@ from dana.experiments.presets import load_preset
 from dana.experiments.results import load_results
 from dana.models import build_language_model, build_model, context_length, count_parameters
 from dana.train.config import TrainConfig
-from dana.train.flat import FlatModel
-from dana.train.problem import Problem, token_cross_entropy
-from dana.train.stacked import StackedGradient
+from dana.train.task.flat import FlatModel
+from dana.train.task.problem import Problem, token_cross_entropy
+from dana.train.task.stacked import StackedGradient
 from dana.train.training import train
 
 #: A Transformer small enough for seconds: 1 layer of width 32, a context of 16 tokens.
@@ -121,7 +121,7 @@ def test_vmap_computes_several_workers_gradients_as_one_at_a_time():
     each of three workers equals the one computed alone (float64)."""
     torch.manual_seed(0)
     flat = FlatModel(build_language_model(SMALL, 256).double())
-    from dana.train.stacked import GradientSource
+    from dana.train.task.stacked import GradientSource
 
     stacked = StackedGradient(GradientSource(flat, token_cross_entropy, None))
     params = flat.flat.repeat(3, 1) + 0.01 * torch.randn(3, flat.d, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""Graceful preemption (dana/train/preempt.py): SIGTERM on `dana train` (the simulator,
+"""Graceful preemption (dana/train/records/preempt.py): SIGTERM on `dana train` (the simulator,
 and Ray: tests/test_ps_robust.py) or `dana sweep` writes a checkpoint of that moment,
 says so in one line and exits 75; `--resume` continues exactly."""
 

@@ -32,8 +32,8 @@ from dana.ps.log import LogMerger, ShardLog
 from dana.ps.protocol import Entry, Method, Pull, Push, Status
 from dana.ps.recovery import RelayLog
 from dana.ps.shard import ShardServer
-from dana.train.progress import Progress
-from dana.train.rundir import RunDir
+from dana.train.records.progress import Progress
+from dana.train.records.rundir import RunDir
 
 try:
     import ray
@@ -532,7 +532,7 @@ def test_shard_0_lost_twice_survived_then_with_its_standby_a_fault_resumed_exact
     completes the run exactly. (One shard's promotions: the start-up and
     bounded-staleness tests below.)"""
     from dana.ps.driver import RayRun
-    from dana.train.problem import Problem
+    from dana.train.task.problem import Problem
 
     config = tiny(
         algorithm="dana-slim", workers=3, servers=2, epochs=6.0, checkpoint_every=1.0,

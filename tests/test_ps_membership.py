@@ -23,7 +23,7 @@ from dana.ps.membership import live_workers
 from dana.ps.protocol import Push, Status
 from dana.ps.shard import ShardServer
 from dana.train.config import TrainConfig
-from dana.train.progress import Progress
+from dana.train.records.progress import Progress
 
 try:
     import ray

@@ -1,5 +1,5 @@
 """The Ray runtime's robustness on a real local Ray: a SIGTERMed run checkpoints and
-exits 75 (dana/train/preempt.py), a killed driver leaves no Ray process behind
+exits 75 (dana/train/records/preempt.py), a killed driver leaves no Ray process behind
 (dana/ps/reaper.py) and its run resumes from the checkpoint, and a hung server (SIGSTOP)
 past ``--server-timeout`` is lost as a dead one is (dana/ps/group.py): the run goes on
 with every push applied once, or ends with exit status 4 and a message, never a silent
@@ -24,7 +24,7 @@ from conftest import descendants, needs_ray, run_on_ray, tiny
 
 from dana.errors import EXIT_PREEMPTED, FaultError
 from dana.ps.accounting import check_run
-from dana.train.rundir import RunDir
+from dana.train.records.rundir import RunDir
 
 try:
     import ray

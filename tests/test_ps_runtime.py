@@ -29,9 +29,9 @@ from dana.ps.log import LogMerger, ShardLog
 from dana.ps.protocol import Push, Status
 from dana.ps.shard import ShardServer
 from dana.train.config import TrainConfig
-from dana.train.problem import Problem
-from dana.train.progress import Progress
-from dana.train.rundir import RunDir
+from dana.train.records.progress import Progress
+from dana.train.records.rundir import RunDir
+from dana.train.task.problem import Problem
 
 try:
     import ray
@@ -191,7 +191,7 @@ def test_bounded_staleness_gates_at_the_server():
 def test_gate_docstring_example():
     import doctest
 
-    from dana.train import gate
+    from dana.train.rules import gate
 
     result = doctest.testmod(gate)
     assert result.failed == 0 and result.attempted > 0
@@ -226,10 +226,10 @@ def serve_as_the_simulator(
     from conftest import make_least_squares, make_simulator
 
     from dana.ps.protocol import split
-    from dana.train.batches import BatchStream
-    from dana.train.codecs import Wire, build_codec
-    from dana.train.step import WorkerStep
-    from dana.train.timing import build_timing
+    from dana.train.cluster.timing import build_timing
+    from dana.train.rules.codecs import Wire, build_codec
+    from dana.train.rules.step import WorkerStep
+    from dana.train.task.batches import BatchStream
 
     problem = make_least_squares(d=12, n=128)
     config = TrainConfig(

@@ -17,14 +17,14 @@ from conftest import make_least_squares
 import dana.algorithms as A
 from dana.errors import ConfigError
 from dana.sim import Simulator
-from dana.train.availability import Availability
-from dana.train.batches import BatchStream, WorkerBatches
-from dana.train.classmeter import ClassMeter
-from dana.train.cluster import is_trivial, resolve_cluster
-from dana.train.network import Network
-from dana.train.partition import partition
-from dana.train.steptimes import StepTimes
-from dana.train.timing import build_timing
+from dana.train.cluster.availability import Availability
+from dana.train.cluster.classmeter import ClassMeter
+from dana.train.cluster.model import is_trivial, resolve_cluster
+from dana.train.cluster.network import Network
+from dana.train.cluster.partition import partition
+from dana.train.cluster.steptimes import StepTimes
+from dana.train.cluster.timing import build_timing
+from dana.train.task.batches import BatchStream, WorkerBatches
 
 PROBLEM = make_least_squares()
 LR = 0.01
@@ -520,8 +520,8 @@ def test_threaded_gradients_on_a_cluster_equal_one_at_a_time():
     """The threaded engine's look-ahead follows the clock's events and forgets a departed
     worker's gradient: bit for bit the sequential run (tests/test_sim_engines.py checks
     the same without a cluster)."""
-    from dana.train.flat import FlatModel
-    from dana.train.stacked import GradientSource
+    from dana.train.task.flat import FlatModel
+    from dana.train.task.stacked import GradientSource
 
     torch.manual_seed(0)
     x = torch.randn(96, 6, dtype=torch.float64)

@@ -18,9 +18,9 @@ from clirun import kill_at_first_checkpoint, run_dana
 import dana
 from dana.errors import ConfigError
 from dana.sim import Simulator
-from dana.train.batches import BatchStream
-from dana.train.flat import FlatModel
-from dana.train.stacked import GradientSource
+from dana.train.task.batches import BatchStream
+from dana.train.task.flat import FlatModel
+from dana.train.task.stacked import GradientSource
 
 ALGORITHMS = ["dana-slim", "dana-zero", "nag-asgd", "asgd", "gap-aware"]
 
@@ -297,9 +297,9 @@ def test_augmented_batches_are_the_same_in_any_order_and_on_any_thread():
     batch's number), so it does not depend on when its gradient is computed."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from dana.train.batches import KeyedBatchStream
     from dana.train.config import TrainConfig
-    from dana.train.problem import Problem
+    from dana.train.task.batches import KeyedBatchStream
+    from dana.train.task.problem import Problem
 
     config = TrainConfig(dataset="synthetic", model="cnn", train_size=256, test_size=64,
                          batch_size=32, augment=True)  # fmt: skip

@@ -14,8 +14,8 @@ import torch
 
 import dana.algorithms as A
 from dana.sim import Simulator
-from dana.train.batches import BatchStream
-from dana.train.schedule import LRSchedule
+from dana.train.rules.schedule import LRSchedule
+from dana.train.task.batches import BatchStream
 
 M = 0.9
 

@@ -1,4 +1,4 @@
-"""A cluster model fitted to a Ray run's records (dana.train.clusterfit, dana fit-cluster)."""
+"""A cluster model fitted to a Ray run's records (dana.train.cluster.fit, dana fit-cluster)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from conftest import run_on_ray, tiny
 
 from dana.cli import main
 from dana.errors import DataError
-from dana.train.clusterfit import fit_cluster, read_step_times
-from dana.train.timing import read_trace, write_trace
+from dana.train.cluster.fit import fit_cluster, read_step_times
+from dana.train.cluster.timing import read_trace, write_trace
 
 
 def _fake_ray_run(path, scale=0.001, means=(0.1, 0.15, 0.2), latency=0.005, cv=0.1, gone=None):

@@ -1,4 +1,4 @@
-"""The codecs of the pushes (dana.train.codecs, ``--compress``): round-trip error bounds,
+"""The codecs of the pushes (dana.train.rules.codecs, ``--compress``): round-trip error bounds,
 payload sizes, error feedback, the simulator's state and clock, and the option's checks.
 
 The cross-runner agreement (the servers decoding what the workers encode equal the
@@ -17,7 +17,9 @@ import torch
 from conftest import make_least_squares, make_simulator, tiny
 
 from dana.errors import ConfigError
-from dana.train.codecs import (
+from dana.train.cluster.network import Network
+from dana.train.config import TrainConfig
+from dana.train.rules.codecs import (
     INT8_BLOCK,
     Payload,
     Wire,
@@ -25,8 +27,6 @@ from dana.train.codecs import (
     part_bounds,
     push_bytes,
 )
-from dana.train.config import TrainConfig
-from dana.train.network import Network
 
 CODECS = ["none", "fp16", "bf16", "int8", "topk:0.01", "topk:0.3"]
 
@@ -224,7 +224,7 @@ def test_the_clock_charges_the_payloads_bytes():
     """On a cluster a push costs its payload's bytes (each shard's part encoded), a
     pull the d values; by hand: 1 Gbit/s carries 125,000 bytes a ms."""
     cluster = network_bound_cluster()
-    from dana.train.cluster import resolve_cluster
+    from dana.train.cluster.model import resolve_cluster
 
     network = resolve_cluster(cluster, "constant")["network"]
     for spec, nbytes in (("none", 16000), ("bf16", 8000), ("int8", 4000 + 4 * 16),
@@ -237,7 +237,7 @@ def test_the_clock_charges_the_payloads_bytes():
 
     from dana import algorithms
     from dana.sim.simulator import Simulator
-    from dana.train.batches import BatchStream
+    from dana.train.task.batches import BatchStream
 
     problem = make_least_squares(d=4000, n=64)
     times = {}

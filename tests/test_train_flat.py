@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dana.train.flat import FlatModel
+from dana.train.task.flat import FlatModel
 
 
 def small_net(seed: int = 0) -> nn.Module:

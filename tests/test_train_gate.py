@@ -12,8 +12,8 @@ import dana.algorithms as A
 from dana.cli import build_parser, collect_options, main
 from dana.errors import ConfigError
 from dana.sim import Simulator
-from dana.train.batches import BatchStream
 from dana.train.config import TrainConfig
+from dana.train.task.batches import BatchStream
 
 F64 = torch.float64
 SPREAD = {"machine_cv": 0.6, "task_cv": 0.3}  # strongly heterogeneous workers

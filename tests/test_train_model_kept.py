@@ -12,9 +12,9 @@ import dana
 from dana.cli import main
 from dana.errors import DanaError
 from dana.train.config import TrainConfig
-from dana.train.evaluation import evaluate_module
-from dana.train.problem import Problem
-from dana.train.rundir import RunDir
+from dana.train.records.rundir import RunDir
+from dana.train.task.evaluation import evaluate_module
+from dana.train.task.problem import Problem
 from dana.train.training import stop_points, train
 
 #: The small BatchNorm CNN on synthetic images: parameters and buffers to keep.
@@ -65,7 +65,7 @@ def test_the_model_file_is_safetensors_and_ties_weights_once(tmp_path):
     from safetensors import safe_open
 
     from dana.models import build_language_model
-    from dana.train.modelfile import save_model
+    from dana.train.records.modelfile import save_model
 
     torch.manual_seed(0)
     model = build_language_model("transformer-1-32-16", 256)
@@ -95,7 +95,7 @@ def test_mlflow_keeps_the_model_as_an_artifact(tmp_path):
     pytest.importorskip("mlflow", reason="MLflow not installed: pip install mlflow-skinny")
     from mlflow.tracking import MlflowClient
 
-    from dana.train.tracking import tracking_uri
+    from dana.train.records.tracking import tracking_uri
 
     out, store = tmp_path / "run", tmp_path / "mlruns"
     args = ["--dataset", "synthetic", "--model", "linear", "--train-size", "256",
@@ -140,7 +140,7 @@ def test_fit_keeps_its_final_model_in_the_run_directory_and_in_mlflow(tmp_path):
     pytest.importorskip("mlflow", reason="MLflow not installed: pip install mlflow-skinny")
     from mlflow.tracking import MlflowClient
 
-    from dana.train.tracking import tracking_uri
+    from dana.train.records.tracking import tracking_uri
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(256, 6, generator=g)

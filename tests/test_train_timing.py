@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dana.errors import ConfigError, DataError
-from dana.train.timing import TIMING_MODELS, build_timing, read_trace, write_trace
+from dana.train.cluster.timing import TIMING_MODELS, build_timing, read_trace, write_trace
 
 
 def _draw(model, n, order=None):

@@ -21,7 +21,7 @@ def _client(store):
     pytest.importorskip("mlflow", reason="MLflow not installed: pip install mlflow-skinny")
     from mlflow.tracking import MlflowClient
 
-    from dana.train.tracking import tracking_uri
+    from dana.train.records.tracking import tracking_uri
 
     return MlflowClient(tracking_uri=tracking_uri(str(store)))
 

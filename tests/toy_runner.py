@@ -14,12 +14,12 @@ from torch import Tensor
 from dana.algorithms.base import Algorithm
 from dana.errors import ConfigError
 from dana.train.config import TrainConfig
-from dana.train.metrics import Position, metrics_row, summarize
-from dana.train.problem import Problem
-from dana.train.progress import Progress
-from dana.train.pushlog import PushLog
-from dana.train.rundir import RunDir
-from dana.train.step import WorkerStep
+from dana.train.records.metrics import Position, metrics_row, summarize
+from dana.train.records.progress import Progress
+from dana.train.records.pushlog import PushLog
+from dana.train.records.rundir import RunDir
+from dana.train.rules.step import WorkerStep
+from dana.train.task.problem import Problem
 from dana.train.training import build_schedule, stop_points
 
 

@@ -237,7 +237,7 @@ class WorkerRule:
         Every runner calls it once per worker it holds, before the first computation,
         when the algorithm's :attr:`Algorithm.uses_speed` is True: the simulator from
         its timing model, a Ray worker from the same model with ``--time-scale``
-        (:func:`dana.train.timing.relative_speeds`). Rules whose work per push depends
+        (:func:`dana.train.cluster.timing.relative_speeds`). Rules whose work per push depends
         on it (Dynamic Local Updates) keep it; the default ignores it.
         """
 

@@ -226,11 +226,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_threads(args.threads)
     spec = sweep_spec(args)
     if spec.fixed.get("mlflow"):  # every run would fail without it: say so once, now
-        from dana.train.tracking import import_mlflow
+        from dana.train.records.tracking import import_mlflow
 
         import_mlflow()
     out = args.out or args.resume or f"results/{args.preset or 'sweep'}"
-    from dana.train.rundir import check_local
+    from dana.train.records.rundir import check_local
 
     check_local(out)
     if args.dry_run:
@@ -306,7 +306,7 @@ def add_report_parser(sub) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from dana.train.rundir import check_local
+    from dana.train.records.rundir import check_local
 
     for flag, value in (("DIR", args.dir), ("--out", args.out), ("--export", args.export)):
         if value is not None:
@@ -352,8 +352,8 @@ def add_presets_parser(sub) -> None:
 
 def cmd_presets(args: argparse.Namespace) -> int:
     from dana.experiments.presets import load_preset, preset_names
-    from dana.train.cluster import preset_names as cluster_names
-    from dana.train.cluster import resolve_cluster
+    from dana.train.cluster.model import preset_names as cluster_names
+    from dana.train.cluster.model import resolve_cluster
 
     for name in preset_names():
         description = load_preset(name).description.strip().splitlines()

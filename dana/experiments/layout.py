@@ -28,7 +28,7 @@ from dana.atomic import write_text_atomic
 from dana.errors import ConfigError, DanaError
 from dana.experiments.grid import Cell
 from dana.train.config import TrainConfig
-from dana.train.rundir import RunDir
+from dana.train.records.rundir import RunDir
 
 FINISHED, RESUMABLE, RESTART, NEW = "finished", "resumable", "restart", "new"
 

@@ -1,7 +1,7 @@
 """The metrics a run measured beyond dana's own: a ``dana.fit(metrics=...)`` hook's columns.
 
 The rule: every column of a run's ``metrics.csv`` that is neither dana's
-(:data:`~dana.train.rundir.METRICS_COLUMNS`) nor derived from them
+(:data:`~dana.train.records.rundir.METRICS_COLUMNS`) nor derived from them
 (``test_perplexity``) is a measured metric, ``test_NAME``; its final value is the
 summary's ``final_test_NAME``. The report gives each one a table of its final value
 (mean ± standard deviation over seeds, per algorithm and worker count) and a plot of it
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from dana.experiments.results import Metric, Results, group_runs
-from dana.train.rundir import METRICS_COLUMNS
+from dana.train.records.rundir import METRICS_COLUMNS
 
 #: Columns derived from dana's own (a language model's perplexity): not measured.
 DERIVED = ("test_perplexity",)

@@ -32,7 +32,7 @@ import numpy as np
 
 from dana.errors import DanaError
 from dana.train.config import TrainConfig
-from dana.train.rundir import RunDir
+from dana.train.records.rundir import RunDir
 
 
 @dataclass(frozen=True)

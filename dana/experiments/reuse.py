@@ -29,7 +29,7 @@ from dana.errors import ConfigError, DanaError
 from dana.experiments.layout import hparams_differ, run_settings
 from dana.train.backends import RUNNERS
 from dana.train.config import TrainConfig
-from dana.train.rundir import RUN_FILES, RunDir
+from dana.train.records.rundir import RUN_FILES, RunDir
 
 #: The suffix of the temporary folder a copy is made in.
 TEMPORARY = ".reuse"

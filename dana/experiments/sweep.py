@@ -19,7 +19,7 @@ sets, or the sweep's own ``--threads``). Its output goes to ``OUT/logs/NAME.log`
   another sweep, gets a copy of that run instead of running
   (:mod:`dana.experiments.reuse`).
 - SIGINT/SIGTERM are passed on to the running cells as SIGTERM: each writes a checkpoint
-  of that moment and exits 75 (:mod:`dana.train.preempt`); the sweep then raises
+  of that moment and exits 75 (:mod:`dana.train.records.preempt`); the sweep then raises
   :class:`~dana.errors.Preempted` (``dana sweep`` exits 75: rerun the same command to
   continue). If the sweep itself is killed, its runs get SIGTERM from the kernel (Linux).
 """
@@ -45,9 +45,9 @@ from dana.experiments.grid import Cell, SweepSpec, expand
 from dana.experiments.layout import FINISHED, NEW, RESTART, RESUMABLE, SweepDir
 from dana.experiments.reuse import ReusableRuns, copy_run, remove_leftovers
 from dana.train.config import TrainConfig
-from dana.train.modelfile import MODEL_FILE
+from dana.train.records.modelfile import MODEL_FILE
+from dana.train.records.rundir import RunDir
 from dana.train.resources import check_threads
-from dana.train.rundir import RunDir
 
 #: ``dana train``'s exit statuses, as a sweep records them.
 OUTCOMES = {

@@ -24,7 +24,7 @@
   joining Ray (and its token authentication).
 
 It stands on the floor (:mod:`dana.train`): the config, the staleness gate
-(:mod:`dana.train.gate`), the worker step, the push log, the metrics and the timing
+(:mod:`dana.train.rules.gate`), the worker step, the push log, the metrics and the timing
 models come from there; it never imports the simulator.
 
 See docs/DISTRIBUTED.md. Importing this package does not import Ray.

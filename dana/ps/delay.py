@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
+from dana.train.cluster.timing import build_timing, relative_speeds
 from dana.train.config import TrainConfig
-from dana.train.timing import build_timing, relative_speeds
 
 
 def worker_speed(config: TrainConfig, worker: int) -> float:

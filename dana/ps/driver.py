@@ -3,8 +3,8 @@
 :class:`RayRun` is a runner (:class:`dana.train.runners.Runner`: ``rows``,
 ``load_state_dict``, ``execute(progress) -> summary``) and writes the same run directory
 as the simulator's: ``metrics.csv`` rows at the same points of the data stream
-(:func:`dana.train.metrics.metrics_row`), the same ``summary.json`` keys
-(:func:`dana.train.metrics.summarize`), checkpoints for ``--resume``; and also
+(:func:`dana.train.records.metrics.metrics_row`), the same ``summary.json`` keys
+(:func:`dana.train.records.metrics.summarize`), checkpoints for ``--resume``; and also
 ``step_times.csv`` (every push's cycle, the worker's step time within it and the time
 it was applied: the simulator's ``trace`` timing replays the cycles, ``dana
 fit-cluster`` fits a cluster model to them) and ``dist.json`` (the runtime's counters).
@@ -35,7 +35,7 @@ constructor raised is bad input.
 
 ``--max-staleness s`` (asynchronous algorithms; ``ssgd`` ignores it, as in the
 simulator): shard 0 keeps the floor's start and push gates
-(:mod:`dana.train.gate`, on its clock) and answers what they refuse with "wait". The summary's
+(:mod:`dana.train.rules.gate`, on its clock) and answers what they refuse with "wait". The summary's
 ``wait_time`` is the seconds workers spent waiting, summed over workers.
 
 Every ``POLL_SECONDS`` (and after every ``ssgd`` round) the driver drains the servers'
@@ -74,16 +74,16 @@ from dana.ps.log import LogMerger
 from dana.ps.membership import Membership, write_members
 from dana.ps.points import Points
 from dana.ps.worker import Worker
-from dana.train import preempt
-from dana.train.codecs import push_bytes
+from dana.train.cluster.timing import write_trace
 from dana.train.config import TrainConfig
-from dana.train.gate import bounds_staleness
-from dana.train.metrics import Position, summarize
-from dana.train.problem import TrainingProblem
-from dana.train.progress import Progress
-from dana.train.pushlog import PushLog
-from dana.train.rundir import RunDir
-from dana.train.timing import write_trace
+from dana.train.records import preempt
+from dana.train.records.metrics import Position, summarize
+from dana.train.records.progress import Progress
+from dana.train.records.pushlog import PushLog
+from dana.train.records.rundir import RunDir
+from dana.train.rules.codecs import push_bytes
+from dana.train.rules.gate import bounds_staleness
+from dana.train.task.problem import TrainingProblem
 from dana.train.training import stop_points
 
 
@@ -371,7 +371,7 @@ class RayRun:
             self._show(progress)
 
     def _preempt(self, progress: Progress, running: list[Any]) -> None:
-        """SIGTERM or SIGINT (:mod:`dana.train.preempt`): stop the servers (the workers'
+        """SIGTERM or SIGINT (:mod:`dana.train.records.preempt`): stop the servers (the workers'
         loops end with their next call), wait until every shard has run every call the
         head relayed, take what they report, save every shard's state with the merged
         log as the checkpoint, and raise :class:`~dana.errors.Preempted`. Every push

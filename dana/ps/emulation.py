@@ -7,12 +7,12 @@ clock, one model millisecond lasting ``S`` seconds. Model time is ``(now - clock
 own, built per worker:
 
 - **compute**: a computation of worker ``i`` starting at model time ``t`` on batch ``B``
-  lasts :meth:`~dana.train.steptimes.StepTimes.duration` ``(i, t, B)`` (the compute
+  lasts :meth:`~dana.train.cluster.steptimes.StepTimes.duration` ``(i, t, B)`` (the compute
   model's draw, ``x`` the worker's factor, drift, slow episodes, class costs); the
   model's draws come from a generator seeded by ``(seed, worker, incarnation)`` (the
   simulator draws from one generator in event order: the same distribution, not the
   same numbers); a step that took longer for real is not padded;
-- **transfers**: worker ``i``'s own link (:class:`~dana.train.network.Network`): a push
+- **transfers**: worker ``i``'s own link (:class:`~dana.train.cluster.network.Network`): a push
   is complete at the servers ``L_i + w_i`` after the computation ends (``w_i`` its
   message's bytes over the link's bandwidth), a pull is with the worker ``w_i + L_i``
   after the servers answered, the first pull request (and one after a return) takes
@@ -22,7 +22,7 @@ own, built per worker:
   busy machine) is taken out of the modelled transfer, as a real step's compute is
   taken out of its modelled duration (it adds only when it is longer). The servers' shared links (``server_bandwidth_gbps``, their FIFO queues) are
   **left out**: the workers' sleeps are independent, nothing here queues them;
-- **departures** (:class:`~dana.train.availability.Availability`, its per-worker
+- **departures** (:class:`~dana.train.cluster.availability.Availability`, its per-worker
   generators): a worker whose departure falls before its push is complete loses that
   computation (nothing is pushed: no sequence number taken), as does one whose
   departure falls while a pull is on its way; it then tells the run (``relay_member``:
@@ -43,11 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from dana.train.availability import Availability
+from dana.train.cluster.availability import Availability
+from dana.train.cluster.network import Network
+from dana.train.cluster.steptimes import StepTimes
 from dana.train.config import TrainConfig
-from dana.train.members import capacity
-from dana.train.network import Network
-from dana.train.steptimes import StepTimes
+from dana.train.rules.members import capacity
 
 #: Seconds between two questions of a worker away to the servers: is the run over?
 AWAY_POLL = 0.5

@@ -37,7 +37,7 @@ from dana.ps.cluster import READY_SECONDS, ServerLost, server_options
 from dana.ps.head import HeadServer
 from dana.ps.shard import ShardServer
 from dana.ps.standby import Standby
-from dana.train.rundir import RunDir
+from dana.train.records.rundir import RunDir
 
 #: Seconds between two looks of the driver at the servers.
 POLL_SECONDS = 0.2

@@ -54,7 +54,7 @@ from dana.ps.protocol import (
 )
 from dana.ps.relay import Deposed, Relay
 from dana.ps.shard import ShardServer
-from dana.train.gate import StalenessGate, bounds_staleness
+from dana.train.rules.gate import StalenessGate, bounds_staleness
 
 
 class HeadServer(ShardServer):
@@ -254,7 +254,7 @@ class HeadServer(ShardServer):
 
     def waiting(self, state: dict[str, Any]) -> None:
         """A standby: the workers its head's staleness gate holds now
-        (:meth:`~dana.train.gate.StalenessGate.waiting_state`), sent whenever one starts
+        (:meth:`~dana.train.rules.gate.StalenessGate.waiting_state`), sent whenever one starts
         waiting, so that once promoted it keeps their places in line (once promoted, they
         come from a deposed head: ignored)."""
         if self.gate is not None and self.role is Role.STANDBY:

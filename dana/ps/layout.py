@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dana.train.codecs import part_bounds
+from dana.train.rules.codecs import part_bounds
 
 #: The most coordinates on which the gap is measured.
 GAP_PROBES = 16384
@@ -30,7 +30,7 @@ GAP_PROBES = 16384
 
 def shard_bounds(d: int, servers: int) -> list[tuple[int, int]]:
     """``servers`` contiguous ``[lo, hi)`` ranges covering ``range(d)``, sizes within one
-    (the floor's :func:`~dana.train.codecs.part_bounds`, which the simulator's codec
+    (the floor's :func:`~dana.train.rules.codecs.part_bounds`, which the simulator's codec
     also cuts a message by)."""
     return part_bounds(d, servers)
 

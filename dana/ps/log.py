@@ -19,9 +19,9 @@ replayed since its snapshot, and a standby promoted to shard 0 some pushes its l
 had reported: entries of a worker with a seq not above the last one taken from that
 shard are dropped.
 
-The merged log is a :class:`dana.train.pushlog.PushLog` (the simulator's, so
-:func:`dana.train.metrics.summarize` reads both alike) plus the cycles and step times
-that become ``step_times.csv`` (:func:`dana.train.clusterfit.fit_cluster` reads them).
+The merged log is a :class:`dana.train.records.pushlog.PushLog` (the simulator's, so
+:func:`dana.train.records.metrics.summarize` reads both alike) plus the cycles and step times
+that become ``step_times.csv`` (:func:`dana.train.cluster.fit.fit_cluster` reads them).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dana.train.pushlog import ColumnLog, PushLog
+from dana.train.records.pushlog import ColumnLog, PushLog
 
 _TYPES = {
     "worker": "l",
@@ -55,7 +55,7 @@ _TYPES = {
 
 class ShardLog(ColumnLog):
     """The entries a shard has applied since the driver last drained them
-    (:meth:`~dana.train.pushlog.ColumnLog.drain`)."""
+    (:meth:`~dana.train.records.pushlog.ColumnLog.drain`)."""
 
     types = _TYPES
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from dana.atomic import write_text_atomic
-from dana.train.members import ADD_WORKERS_FILE, capacity, parse_grow_at
+from dana.train.rules.members import ADD_WORKERS_FILE, capacity, parse_grow_at
 
 
 class Membership:

@@ -5,7 +5,7 @@ shard snapshots its parameters (and, at a checkpoint, its state) and goes on
 (:mod:`dana.ps.snapshots`); the driver collects the snapshots with its polls. Once
 every shard's snapshot of the next point is in, and the merged log up to it, :class:`Points`
 evaluates the parameters on the test set in the driver's process and writes the
-metrics row (:func:`dana.train.metrics.metrics_row`), or writes the checkpoint
+metrics row (:func:`dana.train.records.metrics.metrics_row`), or writes the checkpoint
 (:mod:`dana.ps.checkpoint`). It also watches the merged log for a non-finite loss: the
 divergence that ends the run.
 """
@@ -21,10 +21,10 @@ import torch
 
 from dana.ps.checkpoint import build_state
 from dana.ps.log import LogMerger
-from dana.train.metrics import Position, divergence_row, metrics_row
-from dana.train.problem import TrainingProblem
-from dana.train.progress import Progress
-from dana.train.rundir import RunDir
+from dana.train.records.metrics import Position, divergence_row, metrics_row
+from dana.train.records.progress import Progress
+from dana.train.records.rundir import RunDir
+from dana.train.task.problem import TrainingProblem
 
 
 class Points:

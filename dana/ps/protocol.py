@@ -36,8 +36,8 @@ meets a server's methods.
 
 A push is one :class:`Push` record: the worker's message, its loss, its rule's
 ``theta_offset`` and the model's buffers. :func:`split` cuts it into the shards' parts;
-with a codec (``--compress``, :mod:`dana.train.codecs`) the worker encodes each shard's
-part itself (its message is then a list of :class:`~dana.train.codecs.Payload`, one per
+with a codec (``--compress``, :mod:`dana.train.rules.codecs`) the worker encodes each shard's
+part itself (its message is then a list of :class:`~dana.train.rules.codecs.Payload`, one per
 shard, which :func:`split` hands out) and each shard decodes its own in ``push``
 (:func:`message_tensor`).
 """
@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from dana.ps.layout import Layout
-from dana.train.codecs import Payload, build_codec
+from dana.train.rules.codecs import Payload, build_codec
 
 
 class _Named(str, Enum):
@@ -102,7 +102,7 @@ class Push:
     """A worker's push (to one shard: its part of it).
 
     ``message``: the worker rule's message (``None``: a local step; with a codec, its
-    :class:`~dana.train.codecs.Payload`, or the whole push's list of them, one per
+    :class:`~dana.train.rules.codecs.Payload`, or the whole push's list of them, one per
     shard, before :func:`split`); ``seq``: the push's
     number (each worker numbers its pushes 1, 2, 3, ...); ``loss``: at the computed
     batch; ``offset``: the rule's ``theta_offset(1.0)`` (the worker's whole vector, or a

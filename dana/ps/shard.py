@@ -18,7 +18,7 @@ them here as numbered :class:`~dana.ps.protocol.Call` s, :meth:`relayed`):
   after a crash, a resume); the reply tells it the sequence number of its last push
   this server applied and how often it has joined.
 - ``push(push) -> Status``: apply the message (``master.push`` at the current learning
-  rate; an encoded one decoded first: ``--compress``, :mod:`dana.train.codecs`).
+  rate; an encoded one decoded first: ``--compress``, :mod:`dana.train.rules.codecs`).
   Pushes are idempotent: a push whose ``seq`` is not above the last one applied
   for that worker is acknowledged as ``"duplicate"`` and not applied again. After the
   run's last step every push is answered ``"stop"`` and not applied. ``message=None`` is
@@ -59,8 +59,8 @@ from dana.ps.records import Counts, GapProbes, WorkerRecords
 from dana.ps.recovery import SNAPSHOT_SECONDS
 from dana.ps.snapshots import Snapshots
 from dana.train.config import TrainConfig
-from dana.train.members import capacity
-from dana.train.schedule import next_rate
+from dana.train.rules.members import capacity
+from dana.train.rules.schedule import next_rate
 from dana.train.training import build_schedule
 
 # Arrays from Ray's object store are read-only; the rules only read messages.
@@ -108,7 +108,7 @@ class ShardServer:
         if algorithm is None:
             algorithm = cfg.build_algorithm()
         self.shard, self.k = shard, cfg.workers
-        self.k_max = k_max = capacity(cfg)  # the rules' size (dana.train.members)
+        self.k_max = k_max = capacity(cfg)  # the rules' size (dana.train.rules.members)
         self.synchronous = algorithm.synchronous
         self.master = algorithm.master(torch.from_numpy(params), k_max)  # (a copy)
         self._plain_pull = type(self.master).pull is MasterRule.pull  # pull == copy theta

@@ -1,12 +1,12 @@
 """A worker: a model replica, its own data stream and the worker rule of one worker.
 
-Each :class:`Worker` runs as a Ray actor. It builds a :class:`~dana.train.problem.Problem`
+Each :class:`Worker` runs as a Ray actor. It builds a :class:`~dana.train.task.problem.Problem`
 from the run's config (the same dataset, and the same model: the parameters themselves
 always come from the servers) and the algorithm's worker rule for a single worker (its
 own state, e.g. ``dana-slim``'s momentum ``v_i``). One step, as in the simulator:
 
 1. compute at the pulled parameters (``rule.compute_at``), on the next batch of its own
-   stream, ``g = grad f(p_i) + wd * p_i`` (the floor's :class:`~dana.train.step.WorkerStep`);
+   stream, ``g = grad f(p_i) + wd * p_i`` (the floor's :class:`~dana.train.rules.step.WorkerStep`);
 2. ``rule.set_lr(lr)``, ``message = rule.message(0, g)`` (``None``: a local step,
    counted by the servers, no pull); with ``--time-scale``, sleep to the emulated step
    time (:mod:`dana.ps.delay`; a rule that ``uses_speed``, Dynamic Local Updates, is
@@ -17,7 +17,7 @@ own state, e.g. ``dana-slim``'s momentum ``v_i``). One step, as in the simulator
    simulator's rate is the one at the push: they differ only by how far the schedule
    moved during one step);
    With a codec (``--compress``) the message is encoded here, each shard's part on its
-   own (:class:`~dana.train.codecs.Wire`; ``topk``'s residual is this worker's, kept
+   own (:class:`~dana.train.rules.codecs.Wire`; ``topk``'s residual is this worker's, kept
    across its pushes, and starts from zero when its process does, as its rule state);
 3. push the message with the next sequence number and pull in the same round trip
    (``exchange``); ``ssgd``: push, and pull again only in the driver's next round.
@@ -28,11 +28,11 @@ that doubles from :data:`WAIT_FIRST` up to :data:`WAIT_MAX` seconds (a held push
 its sequence number), and pulls on its own when an exchange's push was applied but its
 pull had to wait.
 
-Data: every worker draws batches from its own :class:`~dana.train.batches.BatchStream`,
+Data: every worker draws batches from its own :class:`~dana.train.task.batches.BatchStream`,
 a fresh shuffle of all ``N`` training examples per pass, seeded by
 ``(seed, worker, incarnation)``; a restarted or resumed worker (a new incarnation)
 draws a new order. With augmentation, each batch's draws are seeded by its key in that
-stream (:class:`~dana.train.batches.KeyedBatchStream`). The run's epochs count every worker's batches together (total
+stream (:class:`~dana.train.task.batches.KeyedBatchStream`). The run's epochs count every worker's batches together (total
 gradient computations / ``N // B``), as in the simulator, so in one epoch every example
 is used once in expectation.
 
@@ -59,11 +59,11 @@ from dana.ps.emulation import ClusterDelay
 from dana.ps.layout import Layout
 from dana.ps.link import ServerLink
 from dana.ps.protocol import Push, Status
-from dana.train.batches import BatchStream
-from dana.train.codecs import Wire, build_codec
 from dana.train.config import TrainConfig
-from dana.train.problem import Problem
-from dana.train.step import WorkerStep
+from dana.train.rules.codecs import Wire, build_codec
+from dana.train.rules.step import WorkerStep
+from dana.train.task.batches import BatchStream
+from dana.train.task.problem import Problem
 
 #: Seconds before a worker asks again after a "wait" (bounded staleness); each further
 #: "wait" doubles the pause, up to :data:`WAIT_MAX`.

@@ -7,12 +7,12 @@
 - :mod:`dana.sim.compute`: the batched and threaded gradient engines;
 - :mod:`dana.sim.driver`: ``dana train --backend sim``'s run loop (:class:`SimRun`).
 
-The timing models it draws step times from are the floor's (:mod:`dana.train.timing`),
+The timing models it draws step times from are the floor's (:mod:`dana.train.cluster.timing`),
 re-exported here.
 """
 
 from dana.sim.simulator import Simulator
-from dana.train.pushlog import PushLog
-from dana.train.timing import TIMING_MODELS, TimingModel, build_timing
+from dana.train.cluster.timing import TIMING_MODELS, TimingModel, build_timing
+from dana.train.records.pushlog import PushLog
 
 __all__ = ["TIMING_MODELS", "PushLog", "Simulator", "TimingModel", "build_timing"]

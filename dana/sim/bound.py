@@ -1,6 +1,6 @@
 """Bounded staleness in the simulator: the floor's gate and the pushes it holds.
 
-The rule is the floor's (:class:`~dana.train.gate.StalenessGate`, stale synchronous
+The rule is the floor's (:class:`~dana.train.rules.gate.StalenessGate`, stale synchronous
 parallel): a worker starts only while the bound allows it, and a push that would break
 the bound waits at the servers, held, until a later push frees it. The simulator counts
 every push as an update. Held pushes are applied in the order they were held, at the
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from dana.sim.events import Events, Work
-from dana.train.gate import StalenessGate
+from dana.train.rules.gate import StalenessGate
 
 
 class Bound:

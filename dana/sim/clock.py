@@ -10,9 +10,9 @@ then returns; each by worker index):
   ``latency`` after it is sent). The servers answer at once (bounded staleness: when
   the start gate lets the worker start): :meth:`Simulator.pull` reads the master's
   parameters and the worker's next batch now, the answer crosses the egress queue and
-  the worker's link (:class:`~dana.train.network.Network`), and the computation starts
+  the worker's link (:class:`~dana.train.cluster.network.Network`), and the computation starts
   when the worker has it; its duration is drawn then
-  (:class:`~dana.train.steptimes.StepTimes`), so its end is an event, ``FINISH``.
+  (:class:`~dana.train.cluster.steptimes.StepTimes`), so its end is an event, ``FINISH``.
 - ``FINISH``: the computation ends. A rule that takes local steps makes its message now
   (``None``: a local step, counted done; the worker computes again on its next batch,
   without pulling); then the push leaves (the computation that made it counts as done
@@ -26,7 +26,7 @@ then returns; each by worker index):
   push frees it; the worker then waits at the start gate, as in the loop without a
   cluster. ``ssgd``: a round ends when the pushes of every worker in the run are
   complete; they are applied then, in worker order, and every worker's pull answered.
-- ``LEAVE`` / ``JOIN``: a worker leaves (:class:`~dana.train.availability.Availability`):
+- ``LEAVE`` / ``JOIN``: a worker leaves (:class:`~dana.train.cluster.availability.Availability`):
   its events still to come are dropped (its computation, its push on its way or held,
   its pull on its way: lost; a message already in a queue keeps its place, the bytes
   crossed), the engines forget its gradient computed ahead, the staleness gate forgets
@@ -47,9 +47,9 @@ from typing import Any
 from torch import Tensor
 
 from dana.sim.events import Events, Work
-from dana.train.availability import Availability
-from dana.train.network import Network
-from dana.train.steptimes import StepTimes
+from dana.train.cluster.availability import Availability
+from dana.train.cluster.network import Network
+from dana.train.cluster.steptimes import StepTimes
 
 #: Event kinds, in the order events at the same instant are processed.
 LEAVE, APPLY, REQUEST, ARRIVE, FINISH, JOIN = range(6)

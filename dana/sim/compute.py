@@ -8,7 +8,7 @@ keeps them until their pushes come; the pushes are then applied in event order e
 as the sequential simulator applies them (same events, batches, staleness, log).
 
 - :class:`BatchedEngine` (``batch_workers=B``): up to ``B`` gradients in one vectorised
-  call (:class:`dana.train.stacked.StackedGradient`). Parameters equal the sequential
+  call (:class:`dana.train.task.stacked.StackedGradient`). Parameters equal the sequential
   simulator's within float rounding (the vectorised kernels add in another order).
   Memory: ``B`` stacked pulled copies and ``B`` gradients (``2 B d`` values) and ``B``
   sets of activations; :func:`auto_batch_workers` picks ``B`` to fit the device.
@@ -20,13 +20,13 @@ as the sequential simulator applies them (same events, batches, staleness, log).
 
 BatchNorm's running statistics are folded into the shared model when each push is
 processed, in event order: from each worker's contribution (batched,
-:func:`dana.train.stacked.apply_running`: within one rounding per update), or by
+:func:`dana.train.task.stacked.apply_running`: within one rounding per update), or by
 replaying the kernel's update on the inputs each worker's BatchNorm layers saw
-(threaded, :func:`dana.train.stacked.replay_running`: bit for bit; memory: one set of
+(threaded, :func:`dana.train.task.stacked.replay_running`: bit for bit; memory: one set of
 those inputs per pending gradient). A gradient that
 draws random numbers from a shared generator is refused: its draws would follow the
 order the gradients are computed in, not the sequential order (augmentation draws from
-a generator seeded by each batch's key, :class:`dana.train.batches.KeyedBatchStream`).
+a generator seeded by each batch's key, :class:`dana.train.task.batches.KeyedBatchStream`).
 
 The batched engine's pending gradients are part of the simulation's state
 (:meth:`Engine.state_dict`), so that a resumed run continues exactly; the threaded
@@ -44,8 +44,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dana.train import inputs as I
-from dana.train.stacked import (
+from dana.train.rules.step import WorkerStep
+from dana.train.task import inputs as I
+from dana.train.task.stacked import (
     GradientSource,
     Replica,
     Running,
@@ -53,7 +54,6 @@ from dana.train.stacked import (
     apply_running,
     replay_running,
 )
-from dana.train.step import WorkerStep
 
 #: ``inflight(i)``: the other workers in flight, in the order their pushes are due.
 InFlight = Callable[[int], Iterable[int]]
@@ -266,7 +266,7 @@ def build_engine(
     if source is None:
         raise ValueError(
             "batched or threaded gradients need the model, loss and data "
-            "(source=dana.train.stacked.GradientSource(...))"
+            "(source=dana.train.task.stacked.GradientSource(...))"
         )
     if batch_workers > 1:
         return BatchedEngine(step, source, batch_workers)

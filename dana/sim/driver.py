@@ -2,10 +2,10 @@
 
 The run stops at fixed points of the data stream (every ``eval_every`` epochs, every
 ``checkpoint_every`` epochs, the end; :func:`dana.train.training.stop_points`). At an
-evaluation point it appends a row to ``metrics.csv`` (:func:`dana.train.metrics.metrics_row`).
+evaluation point it appends a row to ``metrics.csv`` (:func:`dana.train.records.metrics.metrics_row`).
 At a checkpoint point it saves the whole state, so that ``--resume`` continues exactly: a
 resumed run's ``metrics.csv`` equals the uninterrupted run's but for ``wall_seconds``.
-SIGTERM or SIGINT (:mod:`dana.train.preempt`) stops the run after the step under way
+SIGTERM or SIGINT (:mod:`dana.train.records.preempt`) stops the run after the step under way
 with a checkpoint of that step, just as exact.
 
 A NaN or infinite loss is a result, not a crash: the run stops, ``summary.json`` says
@@ -24,17 +24,17 @@ from dana.algorithms.base import Algorithm
 from dana.errors import ConfigError
 from dana.sim.compute import auto_batch_workers
 from dana.sim.simulator import Simulator
-from dana.train import preempt
-from dana.train.batches import BatchStream
-from dana.train.codecs import push_bytes
 from dana.train.config import TrainConfig
-from dana.train.metrics import Position, divergence_row, metrics_row, summarize
-from dana.train.problem import TrainingProblem
-from dana.train.progress import Progress
-from dana.train.pushlog import PushLog
+from dana.train.records import preempt
+from dana.train.records.metrics import Position, divergence_row, metrics_row, summarize
+from dana.train.records.progress import Progress
+from dana.train.records.pushlog import PushLog
+from dana.train.records.rundir import RunDir
 from dana.train.resources import check_memory
-from dana.train.rundir import RunDir
-from dana.train.stacked import running_buffers
+from dana.train.rules.codecs import push_bytes
+from dana.train.task.batches import BatchStream
+from dana.train.task.problem import TrainingProblem
+from dana.train.task.stacked import running_buffers
 from dana.train.training import build_schedule, stop_points
 
 
@@ -48,7 +48,7 @@ def engine_settings(
     engine (N workers' gradients at once, one intra-op thread each); else the run
     computes one worker at a time on N intra-op threads (set by the caller). Augmented
     data takes either engine: a batch's augmentation is drawn from its key
-    (:class:`~dana.train.batches.KeyedBatchStream`), not in the order gradients are
+    (:class:`~dana.train.task.batches.KeyedBatchStream`), not in the order gradients are
     computed."""
     batch_workers = config.batch_workers
     if batch_workers == "auto":

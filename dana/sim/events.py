@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Protocol
 from torch import Tensor
 
 from dana.algorithms.base import WorkerRule
-from dana.train.codecs import Wire
+from dana.train.rules.codecs import Wire
 
 
 class Work(NamedTuple):

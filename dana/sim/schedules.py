@@ -25,8 +25,8 @@ from torch import Tensor
 
 from dana.sim.clock import Clock
 from dana.sim.events import Events
-from dana.train.cluster import check_workers, is_trivial, resolve_cluster, timing_of
-from dana.train.timing import TimingModel, build_timing
+from dana.train.cluster.model import check_workers, is_trivial, resolve_cluster, timing_of
+from dana.train.cluster.timing import TimingModel, build_timing
 
 
 class Schedule(Protocol):
@@ -150,7 +150,7 @@ def choose(
     params: Tensor,
 ) -> tuple[Schedule, TimingModel, Any]:
     """The simulator's schedule, its timing model and what its workers' speeds are read
-    from (:func:`~dana.train.timing.relative_speeds`): the cluster's clock when a cluster
+    from (:func:`~dana.train.cluster.timing.relative_speeds`): the cluster's clock when a cluster
     is given (and not trivial, unless ``always_clock``), else :class:`Rounds` for a
     synchronous algorithm, :class:`Bounded` under a bound, :class:`Free` otherwise. A
     cluster's compute model replaces ``timing``, which must then be a name."""

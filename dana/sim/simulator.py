@@ -11,7 +11,7 @@ Example::
 
     >>> import torch, dana
     >>> from dana.sim import Simulator
-    >>> from dana.train.batches import BatchStream
+    >>> from dana.train.task.batches import BatchStream
     >>> A = torch.randn(64, 5, generator=torch.Generator().manual_seed(0))
     >>> def gradient(p, rows):  # least squares 0.5*|A p - 1|^2 / n on a batch of rows
     ...     r = A[rows] @ p - 1
@@ -39,16 +39,16 @@ from dana.sim.clock import Clock
 from dana.sim.compute import build_engine
 from dana.sim.events import Work
 from dana.sim.schedules import Schedule, choose
-from dana.train.batches import BatchStream
-from dana.train.classmeter import ClassMeter
-from dana.train.codecs import Wire, build_codec
+from dana.train.cluster.classmeter import ClassMeter
+from dana.train.cluster.timing import TimingModel, relative_speeds
 from dana.train.config import TrainConfig
-from dana.train.gate import bounds_staleness, check_staleness
-from dana.train.pushlog import PushLog
-from dana.train.schedule import constant_schedule, next_rate
-from dana.train.stacked import GradientSource
-from dana.train.step import GradientFn, WorkerStep
-from dana.train.timing import TimingModel, relative_speeds
+from dana.train.records.pushlog import PushLog
+from dana.train.rules.codecs import Wire, build_codec
+from dana.train.rules.gate import bounds_staleness, check_staleness
+from dana.train.rules.schedule import constant_schedule, next_rate
+from dana.train.rules.step import GradientFn, WorkerStep
+from dana.train.task.batches import BatchStream
+from dana.train.task.stacked import GradientSource
 
 _COUNTERS = ("updates", "pushes", "steps")
 
@@ -61,7 +61,7 @@ class Simulator:
         params: the initial flat parameters (their dtype and device are the run's).
         gradient: ``gradient(params, batch) -> (grad, loss)``, without weight decay.
         batches: the stream of batches (``next()``, ``batches_per_epoch``, state), or
-            one per worker (:class:`~dana.train.batches.WorkerBatches`).
+            one per worker (:class:`~dana.train.task.batches.WorkerBatches`).
         workers: ``k``.
         lr: a number, or a function of the fractional epoch (``LRSchedule``).
         weight_decay: added to every gradient where it is computed.
@@ -71,13 +71,13 @@ class Simulator:
         batch_workers, threads, source: the engines (:mod:`dana.sim.compute`): this
             many in-flight gradients in one vectorised call, or on as many threads,
             computed with ``source``'s model, loss and data.
-        cluster: a cluster (a preset, a file or a mapping: :mod:`dana.train.cluster`);
+        cluster: a cluster (a preset, a file or a mapping: :mod:`dana.train.cluster.model`);
             its compute model replaces ``timing``, then given by name.
         servers: the shards whose links carry the messages and whose parts a codec
             encodes one by one.
         labels: the training labels: count the classes behind the applied pushes.
         always_clock: run a trivial cluster's clock (it equals no cluster, bit for bit).
-        compress: the codec of the pushes (:func:`dana.train.codecs.build_codec`).
+        compress: the codec of the pushes (:func:`dana.train.rules.codecs.build_codec`).
     """
 
     def __init__(
@@ -169,7 +169,7 @@ class Simulator:
         return self.steps / self.batches.batches_per_epoch
 
     def lr(self) -> float:
-        """The rate of the next update (:func:`~dana.train.schedule.next_rate`)."""
+        """The rate of the next update (:func:`~dana.train.rules.schedule.next_rate`)."""
         per_epoch = self.batches.batches_per_epoch
         args = (self.steps, self.updates, self.k, per_epoch, self.synchronous)
         return next_rate(self.lr_schedule, *args)

@@ -31,7 +31,7 @@ class Backend:
     - ``cluster_model``: its clock carries a simulated cluster (``--cluster``: the
       network, drift, departures; dana.train.cluster);
     - ``partitions``: its workers draw from their own parts of the data
-      (``--partition``; dana.train.partition);
+      (``--partition``; dana.train.cluster.partition);
     - ``processes``: its workers and server shards are processes of their own, on a
       cluster it may join (``--address``), with a standby of shard 0 (``--no-standby``
       drops it) and emulated step times (``--time-scale``): options refused elsewhere;
@@ -39,7 +39,7 @@ class Backend:
       0`` (each worker sleeps its modelled compute and transfer times and leaves and
       returns at the model's times);
     - ``elastic``: workers can be added to a running run (``--max-workers``,
-      ``--grow-at``; dana.train.members)."""
+      ``--grow-at``; dana.train.rules.members)."""
 
     module: str
     cls: str

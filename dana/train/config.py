@@ -27,12 +27,12 @@ from dana.algorithms.base import Algorithm
 from dana.errors import ConfigError
 from dana.textfile import parse_mapping, read_text
 from dana.train.backends import check_name
-from dana.train.cluster import check_workers as check_cluster_workers
-from dana.train.cluster import resolve_cluster, timing_of
-from dana.train.codecs import build_codec
-from dana.train.members import check_members
-from dana.train.partition import parse_partition
-from dana.train.timing import TIMING_MODELS
+from dana.train.cluster.model import check_workers as check_cluster_workers
+from dana.train.cluster.model import resolve_cluster, timing_of
+from dana.train.cluster.partition import parse_partition
+from dana.train.cluster.timing import TIMING_MODELS
+from dana.train.rules.codecs import build_codec
+from dana.train.rules.members import check_members
 
 LR_SCALINGS = ("none", "linear")
 #: The automatic warm-up gives each worker this many steps (the paper's protocol gives
@@ -86,14 +86,14 @@ class TrainConfig:
     backend: str = "sim"
     address: str | None = None
     servers: int = 1
-    # The codec of the workers' messages on the wire (dana.train.codecs): none, fp16,
+    # The codec of the workers' messages on the wire (dana.train.rules.codecs): none, fp16,
     # bf16, int8, topk:F.
     compress: str = "none"
     standby: bool = True
     server_timeout: float = 60.0
     relay_log_bytes: int = 2 * 1024**3
     time_scale: float = 0.0
-    # Elastic membership (dana.train.members): the most workers the run may hold (its
+    # Elastic membership (dana.train.rules.members): the most workers the run may hold (its
     # rules' size; None: workers) and when it grows ("STEP:N,...").
     max_workers: int | None = None
     grow_at: str | None = None
@@ -268,7 +268,7 @@ class TrainConfig:
     def _check_cluster(self, backend: Any) -> None:
         """Resolve ``cluster`` (a preset name or a file) into the model it names, check
         it, and set ``timing`` and ``timing_params`` to its compute model's (a cluster
-        without one takes them: dana.train.cluster.resolve_cluster)."""
+        without one takes them: dana.train.cluster.model.resolve_cluster)."""
         if self.cluster is None:
             return
         given = self.timing != TrainConfig.timing or bool(self.timing_params)
@@ -506,7 +506,7 @@ SCHEMA: dict[str, Rule] = {
     "backend": Rule(str),  # a registered runner: checked in validate (dana.train.backends)
     "address": Rule(str, optional=True),
     "servers": Rule(int, low=1),
-    "compress": Rule(str),  # a codec: checked in validate (dana.train.codecs)
+    "compress": Rule(str),  # a codec: checked in validate (dana.train.rules.codecs)
     "standby": Rule(bool),
     "server_timeout": Rule(float, low=0, open_low=True),
     "relay_log_bytes": Rule(int, low=0),

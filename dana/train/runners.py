@@ -2,7 +2,7 @@
 
 A runner executes one :class:`~dana.train.config.TrainConfig` into one run directory,
 standing on the floor (:mod:`dana.train`) and nothing else. :func:`dana.train.training.train`
-builds the run's :class:`~dana.train.problem.Problem` and algorithm once, finds the
+builds the run's :class:`~dana.train.task.problem.Problem` and algorithm once, finds the
 runner of ``config.backend`` by name (:mod:`dana.train.backends`) and calls it.
 
 Adding a runner: a new package with a class that follows :class:`Runner`, and one line
@@ -17,10 +17,10 @@ from torch import Tensor
 
 from dana.algorithms.base import Algorithm
 from dana.train.config import TrainConfig
-from dana.train.problem import TrainingProblem
-from dana.train.progress import Progress
-from dana.train.pushlog import PushLog
-from dana.train.rundir import RunDir
+from dana.train.records.progress import Progress
+from dana.train.records.pushlog import PushLog
+from dana.train.records.rundir import RunDir
+from dana.train.task.problem import TrainingProblem
 
 
 class Runner(Protocol):
@@ -34,8 +34,8 @@ class Runner(Protocol):
     - ``rows``: the metrics rows so far (those of a checkpoint after
       :meth:`load_state_dict`);
     - :meth:`execute` runs to the end, writes ``metrics.csv`` (and checkpoints) through
-      the :class:`RunDir` and returns the summary (:func:`dana.train.metrics.summarize`);
-    - then ``log``, the per-push log (:class:`~dana.train.pushlog.PushLog`), and
+      the :class:`RunDir` and returns the summary (:func:`dana.train.records.metrics.summarize`);
+    - then ``log``, the per-push log (:class:`~dana.train.records.pushlog.PushLog`), and
       :meth:`final_params`, the master's parameters at the end as evaluated.
     """
 

@@ -23,13 +23,13 @@ from typing import Any
 from torch import Tensor
 
 from dana.errors import DanaError
-from dana.train import preempt
 from dana.train.backends import check_backend, runner_class
 from dana.train.config import TrainConfig
-from dana.train.problem import Problem, TrainingProblem
-from dana.train.progress import Progress
-from dana.train.rundir import SETTINGS_KEY, RunDir, check_local
-from dana.train.schedule import LRSchedule
+from dana.train.records import preempt
+from dana.train.records.progress import Progress
+from dana.train.records.rundir import SETTINGS_KEY, RunDir, check_local
+from dana.train.rules.schedule import LRSchedule
+from dana.train.task.problem import Problem, TrainingProblem
 
 
 def build_schedule(config: TrainConfig, batches_per_epoch: int) -> LRSchedule:
@@ -93,7 +93,7 @@ def train(
     config.validate()
     check_backend(config.backend)
     if config.mlflow:
-        from dana.train.tracking import import_mlflow
+        from dana.train.records.tracking import import_mlflow
 
         import_mlflow()
     algorithm = config.build_algorithm()
@@ -160,11 +160,11 @@ def execute_run(
     ``model.safetensors``) and the curves, and finish the MLflow run (the model among its
     artifacts; ``mlflow_run``: its ``run_name`` and ``tags``). A failure (an interruption
     too) marks the MLflow run failed and propagates; SIGTERM or SIGINT make the runner
-    checkpoint and raise :class:`~dana.errors.Preempted` (:mod:`dana.train.preempt`).
+    checkpoint and raise :class:`~dana.errors.Preempted` (:mod:`dana.train.records.preempt`).
     The summary."""
     tracker = None
     if config.mlflow:
-        from dana.train.tracking import MlflowTracker
+        from dana.train.records.tracking import MlflowTracker
 
         tracker = MlflowTracker(
             config.mlflow,

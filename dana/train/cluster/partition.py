@@ -3,7 +3,7 @@
 ``--partition`` (``TrainConfig.partition``) names the split:
 
 - ``iid``: no split: every worker takes the next batch of one shared shuffled stream
-  (:class:`~dana.train.batches.BatchStream`), as the simulator always has;
+  (:class:`~dana.train.task.batches.BatchStream`), as the simulator always has;
 - ``dirichlet:ALPHA``: for every class, the proportions of its examples that go to each
   worker are drawn from a symmetric Dirichlet distribution ``Dir(ALPHA, ..., ALPHA)``
   (Yurochkin et al., "Bayesian Nonparametric Federated Learning of Neural Networks",

@@ -13,7 +13,7 @@ its gradient is computed, so computing several workers' gradients at once
 (:mod:`dana.sim.compute`) gives the sequential simulator's run.
 
 :class:`WorkerBatches` (``--partition dirichlet:ALPHA`` or ``shards:N``,
-:mod:`dana.train.partition`) gives each worker a stream of its own over its part of the
+:mod:`dana.train.cluster.partition`) gives each worker a stream of its own over its part of the
 training set: a :class:`BatchStream` (or :class:`KeyedBatchStream`) per worker, seeded
 ``SeedSequence([seed, worker])``, its batches mapped to the part's examples. An epoch is
 still ``n // batch_size`` batches of the whole set (each worker's stream cycles its part
@@ -103,8 +103,8 @@ def batches_for(
 ) -> BatchStream | WorkerBatches:
     """The stream(s) of a run: for ``partition`` ``iid`` one shared stream (a
     :class:`KeyedBatchStream` when ``keyed``), else :class:`WorkerBatches` over the
-    parts :func:`dana.train.partition.partition` gives (each at least a batch)."""
-    from dana.train.partition import partition as split
+    parts :func:`dana.train.cluster.partition.partition` gives (each at least a batch)."""
+    from dana.train.cluster.partition import partition as split
 
     n = len(labels)
     if partition == "iid":

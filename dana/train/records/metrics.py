@@ -1,6 +1,6 @@
 """The run's figures, written the same by every runner: the metrics row and the summary.
 
-A metrics row (``metrics.csv``, :data:`~dana.train.rundir.METRICS_COLUMNS`) is taken at
+A metrics row (``metrics.csv``, :data:`~dana.train.records.rundir.METRICS_COLUMNS`) is taken at
 an evaluation point: where the run is (:class:`Progress`), the master's test loss and
 error, and over the pushes since the previous row the mean training loss, gap and
 staleness. A divergence row marks where a run diverged (no losses, the gap and
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from dana.train.config import TrainConfig
-from dana.train.evaluation import metric_column
-from dana.train.rundir import METRICS_COLUMNS
+from dana.train.records.rundir import METRICS_COLUMNS
+from dana.train.task.evaluation import metric_column
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def metrics_row(
     test: Mapping[str, float],
 ) -> dict[str, float]:
     """The row of an evaluation at ``at``; ``log``: the pushes since the previous row;
-    ``test``: the evaluation (:func:`dana.train.evaluation.evaluate_module`: ``loss``,
+    ``test``: the evaluation (:func:`dana.train.task.evaluation.evaluate_module`: ``loss``,
     ``error`` and each metric ``NAME``, whose column is ``test_NAME``)."""
     row = {
         "epoch": at.epoch,

@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dana.train import inputs as I
-from dana.train.flat import FlatModel, LossFn
+from dana.train.task import inputs as I
+from dana.train.task.flat import FlatModel, LossFn
 
 #: ``inputs(batch) -> (x, y)``: the examples of a batch, on the model's device.
 Inputs = Callable[[Any], tuple[Tensor, Tensor]]

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dana.train import inputs as I
+from dana.train.task import inputs as I
 
 #: ``loss_fn(outputs, targets)``: a batch's mean loss.
 LossFn = Callable[[Any, Tensor], Tensor]

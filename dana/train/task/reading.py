@@ -14,7 +14,7 @@ The rule (:func:`data_source` tells which kind a value is):
 - A ``torch.utils.data.DataLoader`` is refused: dana draws each worker's batches
   itself; pass its dataset (``loader.dataset``) and the batch size.
 
-In each item ``x`` is a tensor, a tuple or a dict of tensors (:mod:`dana.train.inputs`:
+In each item ``x`` is a tensor, a tuple or a dict of tensors (:mod:`dana.train.task.inputs`:
 the model is called ``model(x)``, ``model(*x)``, ``model(**x)``), ``y`` the targets.
 
 Randomness: worker ``w``'s ``s``-th batch of a run seeded ``seed`` has the key
@@ -43,7 +43,7 @@ from torch import Tensor
 from torch.utils.data import default_collate
 
 from dana.errors import ArgumentTypeError, ConfigError
-from dana.train import inputs as I
+from dana.train.task import inputs as I
 
 _LOCK = threading.RLock()
 _MASK = 2**63 - 1
@@ -108,7 +108,7 @@ def collate(items: list[Any], what: str) -> tuple[I.Inputs, Tensor]:
 
 
 class TensorData:
-    """Examples held in memory: inputs ``x`` (:mod:`dana.train.inputs`) and targets ``y``."""
+    """Examples held in memory: inputs ``x`` (:mod:`dana.train.task.inputs`) and targets ``y``."""
 
     def __init__(self, x: I.Inputs, y: Tensor, what: str):
         x = I.apply(x, torch.as_tensor) if I.is_structured(x) else torch.as_tensor(x)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dana.train.steptimes import AVAILABILITY_SALT, worker_generator
+from dana.train.cluster.steptimes import AVAILABILITY_SALT, worker_generator
 
 
 class Availability:

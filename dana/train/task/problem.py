@@ -23,13 +23,13 @@ from torch import Tensor
 
 from dana.data import Dataset, augment_batch, load_dataset
 from dana.models import build_language_model, build_model, context_length, is_language_model
-from dana.train.batches import BatchStream, WorkerBatches, batches_for
 from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
-from dana.train.evaluation import perplexity
-from dana.train.flat import FlatModel
 from dana.train.resources import build_within_memory
-from dana.train.stacked import GradientSource
+from dana.train.task.batches import BatchStream, WorkerBatches, batches_for
+from dana.train.task.evaluation import perplexity
+from dana.train.task.flat import FlatModel
+from dana.train.task.stacked import GradientSource
 
 
 class TrainingProblem(Protocol):
@@ -127,9 +127,9 @@ class Problem:
     def batches(self, seed: int, worker: int | None = None) -> BatchStream | WorkerBatches:
         """The stream of training batches seeded ``seed`` (``worker``: a Ray worker's
         own stream; the same here, its seed says whose): with augmentation, a
-        :class:`~dana.train.batches.KeyedBatchStream`, whose keys seed each batch's
+        :class:`~dana.train.task.batches.KeyedBatchStream`, whose keys seed each batch's
         augmentation draws; with ``--partition`` other than ``iid``, one stream per
-        worker over its part (:class:`~dana.train.batches.WorkerBatches`)."""
+        worker over its part (:class:`~dana.train.task.batches.WorkerBatches`)."""
         config = self.config
         return batches_for(
             config.partition,
@@ -167,7 +167,7 @@ class Problem:
 
     def evaluate(self, params: Tensor) -> dict[str, float]:
         """``{"loss", "error"}`` on the test set at ``params`` (the error of a language
-        model: the next-token error; :mod:`dana.train.evaluation`)."""
+        model: the next-token error; :mod:`dana.train.task.evaluation`)."""
         ds = self.dataset
         return self.flat.measure(params, ds.test_x, ds.test_y, self.loss_fn)
 
@@ -185,8 +185,8 @@ class Problem:
     def save_model(self, path: str | Path, params: Tensor) -> Path:
         """Write the model at ``params`` (a run's final parameters, as evaluated), with
         its buffers, to ``path`` (a run directory: its ``model.safetensors``;
-        :mod:`dana.train.modelfile`)."""
-        from dana.train.modelfile import save_model
+        :mod:`dana.train.records.modelfile`)."""
+        from dana.train.records.modelfile import save_model
 
         flat = self.flat
         with torch.no_grad():

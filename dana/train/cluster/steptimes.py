@@ -5,7 +5,7 @@ on a batch of examples ``B`` is, multiplied in this order (a factor that is not 
 not applied):
 
 1. ``T``: the compute model's draw for worker ``i``
-   (:class:`~dana.train.timing.TimingModel`, drawn from its generator in event order);
+   (:class:`~dana.train.cluster.timing.TimingModel`, drawn from its generator in event order);
 2. ``x f_i``: the worker's factor, ``worker_factors[i % n]`` (a slow machine: 2);
 3. ``x (1 + a sin(2 pi (t/P + i/k)))``: periodic drift of amplitude ``a`` and period
    ``P`` ms, each worker's phase shifted by ``i/k`` of a period;
@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from dana.errors import ConfigError
-from dana.train.cluster import cycled, timing_of
-from dana.train.timing import build_timing
+from dana.train.cluster.model import cycled, timing_of
+from dana.train.cluster.timing import build_timing
 
 #: Salts of the generators of slow episodes and availability (per worker), so that they
 #: draw apart from the compute model's generator and from each other.
@@ -78,7 +78,7 @@ class SlowEpisodes:
 class StepTimes:
     """The durations of a cluster's computations (the module docstring gives the rule).
 
-    ``compute``: a resolved cluster's compute section (:mod:`dana.train.cluster`);
+    ``compute``: a resolved cluster's compute section (:mod:`dana.train.cluster.model`);
     ``labels``: the training set's labels (needed by ``class_cost``)."""
 
     def __init__(

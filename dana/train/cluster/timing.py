@@ -3,7 +3,7 @@
 A timing model draws the duration of worker ``i``'s next computation. The simulator
 calls :meth:`TimingModel.sample` once per computation, in event order, so the same seed
 gives the same durations. The unit of simulated time is the millisecond (``gamma``'s
-mean step of 128 is 128 ms); a cluster model (:mod:`dana.train.cluster`) adds
+mean step of 128 is 128 ms); a cluster model (:mod:`dana.train.cluster.model`) adds
 per-worker factors, drift, data-dependent costs and the network around these models.
 
 - ``constant``: every computation takes ``duration``: round robin, staleness ``k-1``.

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from dana.train import inputs as I
-from dana.train.evaluation import LossFn, MetricFn, evaluate_module
+from dana.train.task import inputs as I
+from dana.train.task.evaluation import LossFn, MetricFn, evaluate_module
 
 __all__ = ["FlatModel", "LossFn", "evaluate_module"]
 
@@ -55,7 +55,7 @@ class FlatModel:
         self, params: Tensor, x: I.Inputs, y: Tensor, loss_fn: LossFn
     ) -> tuple[Tensor, float]:
         """The gradient of ``loss_fn(model(x), y)`` at ``params``, and the loss (``x``
-        any input of :mod:`dana.train.inputs`).
+        any input of :mod:`dana.train.task.inputs`).
 
         The module computes at ``params`` itself (its parameters become views of it;
         leave ``params`` unchanged until this returns). The returned tensor is this
@@ -91,7 +91,7 @@ class FlatModel:
         metrics: Mapping[str, MetricFn] | None = None,
     ) -> dict[str, float]:
         """Loss, error rate and ``metrics`` of ``params`` on ``(x, y)``
-        (:func:`dana.train.evaluation.evaluate_module`, the rule of every evaluation)."""
+        (:func:`dana.train.task.evaluation.evaluate_module`, the rule of every evaluation)."""
         self._point_at(params)
         return evaluate_module(self.module, x, y, loss_fn, batch_size, metrics)
 

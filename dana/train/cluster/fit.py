@@ -4,7 +4,7 @@
 push: the worker, its *cycle* (the time since its previous push was applied: its step
 and its exchange with the servers), its *step* as the worker measured it (the gradient
 and the message, with ``--time-scale``'s pad) and the time the push was applied) and
-gives the cluster model (:mod:`dana.train.cluster`) that the simulator's clock then runs
+gives the cluster model (:mod:`dana.train.cluster.model`) that the simulator's clock then runs
 (``dana train --cluster FILE``). Times are in the model's unit, the millisecond of
 simulated time: a run with ``--time-scale S > 0`` read its model's numbers as ``S``
 seconds each, so a measured second is ``1/S`` units; a run without emulation is taken
@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 
 from dana.errors import DataError
-from dana.train.cluster import resolve_cluster
-from dana.train.timing import read_trace_rows
+from dana.train.cluster.model import resolve_cluster
+from dana.train.cluster.timing import read_trace_rows
 
 #: A cycle this many times its worker's median is an absence.
 GAP_FACTOR = 10.0

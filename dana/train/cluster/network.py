@@ -18,7 +18,7 @@ limit) and ``L_i`` the worker's one-way latency:
 - **pull** answered at ``t``: each shard's egress is a FIFO queue the same way, and the
   worker has the parameters at ``max(free, t + w_i) + L_i``.
 
-With a codec of the pushes (``--compress``, :mod:`dana.train.codecs`) a push is its
+With a codec of the pushes (``--compress``, :mod:`dana.train.rules.codecs`) a push is its
 payload's bytes instead: each shard's part encoded on its own, ``b`` their sum and
 ``b_s`` the largest (a pull still carries the ``d`` values).
 
@@ -33,8 +33,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dana.train.cluster import cycled
-from dana.train.codecs import Codec, part_bounds
+from dana.train.cluster.model import cycled
+from dana.train.rules.codecs import Codec, part_bounds
 
 #: Bytes a link of 1 Gbit/s carries in one ms (10^9 bits/s).
 BYTES_PER_MS_PER_GBPS = 1e9 / 8 / 1000

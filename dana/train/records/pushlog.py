@@ -5,7 +5,7 @@ names its columns and their types. :class:`PushLog` is the run's log, the same f
 every runner (the simulator appends to it as it applies pushes; the Ray driver merges
 the shards' logs into one): the worker, the staleness, the gap, the loss, the learning
 rate and the time of every push. The summary and the metrics rows read it
-(:mod:`dana.train.metrics`).
+(:mod:`dana.train.records.metrics`).
 """
 
 from __future__ import annotations

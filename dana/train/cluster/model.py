@@ -42,7 +42,7 @@ from typing import Any
 
 from dana.errors import ConfigError
 from dana.textfile import parse_mapping, read_text
-from dana.train.timing import TIMING_MODELS, build_timing
+from dana.train.cluster.timing import TIMING_MODELS, build_timing
 
 SECTIONS = ("compute", "network", "availability")
 #: The compute section's own fields; any other key is a parameter of the model.

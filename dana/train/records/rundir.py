@@ -5,9 +5,9 @@
 - ``metrics.csv``: one row per evaluation (:data:`METRICS_COLUMNS`, then the columns
   of a metric hook, :attr:`RunDir.measured`, then the problem's derived columns,
   :attr:`RunDir.derived`: a language model's ``test_perplexity``).
-- ``summary.json``: the final figures (see :func:`dana.train.metrics.summarize`).
+- ``summary.json``: the final figures (see :func:`dana.train.records.metrics.summarize`).
 - ``curves.png``: test error (or loss), each measured metric and mean gap against epochs.
-- ``model.safetensors``: the final model (:mod:`dana.train.modelfile`).
+- ``model.safetensors``: the final model (:mod:`dana.train.records.modelfile`).
 - ``checkpoint.pt``: the whole state, for ``--resume`` (tensors and plain values only,
   loaded with ``torch.load(weights_only=True)``: no arbitrary unpickling).
 - ``step_times.csv``: (Ray runs) each worker's measured step times, in the format the

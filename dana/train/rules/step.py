@@ -19,7 +19,7 @@ from torch import Tensor
 from dana.algorithms.base import WorkerRule
 
 if TYPE_CHECKING:
-    from dana.train.codecs import Wire
+    from dana.train.rules.codecs import Wire
 
 #: ``gradient(params, batch) -> (grad, loss)``; the step may modify ``grad`` in place.
 GradientFn = Callable[[Tensor, Any], tuple[Tensor, float]]
@@ -27,7 +27,7 @@ GradientFn = Callable[[Tensor, Any], tuple[Tensor, float]]
 
 class WorkerStep:
     """The gradient and the message of a worker rule's workers (``wire``: messages as
-    the servers decode them, :meth:`dana.train.codecs.Wire.round_trip`: the simulator's
+    the servers decode them, :meth:`dana.train.rules.codecs.Wire.round_trip`: the simulator's
     codec)."""
 
     def __init__(
