@@ -1,4 +1,4 @@
-"""The conventions every algorithm keeps (docs/ARCHITECTURE.md, "A new algorithm").
+"""The conventions every algorithm keeps (docs/ARCHITECTURE.md, "Recipes": an algorithm).
 
 - Its hyper-parameters are data: the fields of a frozen dataclass (type and default),
   validated in ``__post_init__``; everything that lists or types them reads the fields.

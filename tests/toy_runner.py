@@ -1,4 +1,4 @@
-"""A runner written from docs/ARCHITECTURE.md's recipe "A new runner", on the floor alone:
+"""A runner written from docs/ARCHITECTURE.md's recipe for a runner, on the floor alone:
 ``k`` workers in turn (round robin, one step each), no clock, no checkpoints. The tests
 register it under ``--backend toy`` and run it from ``dana train`` and ``dana.fit``."""
 

@@ -167,15 +167,14 @@ def _cells(group: Group, target: Target | None, devices: dict[Path, str]) -> lis
 
 
 def protocol_table(protocol: Protocol) -> list[str]:
-    """The protocol's heading, caption and table (markdown lines)."""
+    """The protocol's heading (its settings and target) and table (markdown lines)."""
     target, metric = protocol.target, protocol.entries[0].group.metric
-    ranked_by = "final test error" if metric.is_error else f"final {metric.name}, not an error"
-    aim = "no one-worker baseline, so no target"
+    aim = "no one-worker baseline, no target"
     if target is not None:
         aim = f"target {metric.show(target.value)}" + (
             " (not used: the baseline reaches it at its first evaluation)" if target.skip else ""
         )
-    lines = [f"### {protocol.study}: {protocol.title}", "", f"Ranked by {ranked_by}; {aim}.", ""]
+    lines = [f"### {protocol.study}: {protocol.title}; {aim}"]
     value = f"final {metric.title if metric.is_error else metric.name}"
     head = ["rank", "method", "seeds", value, "time to target (s)", "diverged", "device"]
     rows = [head]
@@ -231,10 +230,11 @@ def build_leaderboard(results: str | Path, out: str | Path) -> str:
     lines = [HEADER, "", "# Leaderboard", "", RULE, "", "## Per method, across protocols", ""]
     lines += [*summary_table(protocols), ""]
     for study in studies:
-        lines += [f"## {study.name}", ""]
+        heading = study.name
         if (study / "report.md").is_file():
             link = Path(os.path.relpath(study / "report.md", Path(out).parent)).as_posix()
-            lines += [f"Its report: [{study.name}/report.md]({link}).", ""]
+            heading = f"{study.name} ([report]({link}))"
+        lines += [f"## {heading}", ""]
         for protocol in (p for p in protocols if p.study == study.name):
             lines += protocol_table(protocol)
     return "\n".join(lines)
