@@ -44,7 +44,7 @@ def simulate(algorithm: str, device: str, **kw) -> dana.sim.Simulator:
     ).double()
     result = dana.simulate(
         model, x, y, algorithm=algorithm, workers=8, lr=0.05, epochs=2, batch_size=16,
-        device=device, **kw,
+        dtype="float64", device=device, **kw,
     )  # fmt: skip
     return result.simulator
 

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import parse_with_smoke
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
@@ -144,12 +145,7 @@ def main() -> None:
         "--work", type=float, default=2e7, help="elements per timed block (calls = work / d)"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a smoke run: tiny sizes, seconds; checks the script runs (its numbers mean nothing)",
-    )
-    args = parser.parse_args()
+    args = parse_with_smoke(parser)
     if args.smoke:
         SIZES["tiny"] = 4096
         args.sizes, args.workers = ["tiny"], (4, 4, 4)  # (k at each size, tiny last)

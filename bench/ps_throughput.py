@@ -80,6 +80,7 @@ from dana.ps.head import HeadServer  # noqa: E402
 from dana.ps.layout import Layout  # noqa: E402
 from dana.ps.link import ServerLink  # noqa: E402
 from dana.ps.protocol import Pulled, Push, split  # noqa: E402
+from dana.ps.settings import server_settings  # noqa: E402
 from dana.ps.shard import ShardServer  # noqa: E402
 from dana.train.config import TrainConfig  # noqa: E402
 from dana.train.rules.codecs import Wire, build_codec  # noqa: E402
@@ -318,21 +319,15 @@ def copy_seconds(d: int) -> float:
 def dana_servers(d: int, workers: int, servers: int) -> list[Any]:
     config = TrainConfig(
         algorithm="dana-slim", workers=workers, servers=servers, lr=1e-3, warmup_epochs=0
-    ).to_dict()
+    )
     layout = Layout(d, servers, 0)
     initial = np.zeros(d, np.float32)
+    settings = server_settings(config, d, 1 << 40)
+    for head_only in ("bound", "timeout", "log_bytes"):  # (shard 0 is a plain shard here)
+        settings[0].pop(head_only)
     actor = ray.remote(MeasuredShard).options(num_cpus=1)
     handles = [
-        actor.remote(
-            config,
-            s,
-            initial[lo:hi],
-            d=d,
-            batches_per_epoch=1 << 40,
-            end=None,
-            evals=[],
-            checkpoints=[],
-        )
+        actor.remote(initial[lo:hi], **settings[s], end=None, evals=[], checkpoints=[])
         for s, (lo, hi) in enumerate(layout.bounds)
     ]
     ray.get([h.begin.remote(time.time()) for h in handles])
@@ -347,25 +342,26 @@ class RelayedServers:
         config = TrainConfig(
             algorithm="dana-slim", workers=workers, servers=servers, lr=1e-3, warmup_epochs=0,
             standby=standby,
-        ).to_dict()  # fmt: skip
+        )  # fmt: skip
         bounds = Layout(d, servers, 0).bounds
         initial = np.zeros(d, np.float32)
-        common = dict(d=d, batches_per_epoch=1 << 40, end=None, evals=[], checkpoints=[])
+        settings = server_settings(config, d, 1 << 40)
+        common = dict(end=None, evals=[], checkpoints=[])
         self.names = names = [f"bench-{uuid.uuid4().hex[:8]}-shard{s}" for s in range(servers)]
         head, shard = ray.remote(MeasuredHead), ray.remote(MeasuredShard)
         parts = [initial[lo:hi] for lo, hi in bounds]
         self.shards = [
             head.options(name=names[0], num_cpus=1).remote(
-                config, 0, parts[0], **common, peers=names[1:] or None, replicated=standby
+                parts[0], **settings[0], **common, peers=names[1:] or None, replicated=standby
             )
         ]
         for s in range(1, servers):
             self.shards.append(
-                shard.options(name=names[s], num_cpus=1).remote(config, s, parts[s], **common)
+                shard.options(name=names[s], num_cpus=1).remote(parts[s], **settings[s], **common)
             )
         self.standby = (
             head.options(num_cpus=1).remote(
-                config, 0, parts[0], **common, peers=names[1:] or None, standby=True
+                parts[0], **settings[0], **common, peers=names[1:] or None, standby=True
             )
             if standby
             else None

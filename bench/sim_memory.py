@@ -31,6 +31,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from common import parse_with_smoke
+
 ROOT = Path(__file__).resolve().parents[1]
 D = 272_474  # ResNet-20
 
@@ -100,12 +102,7 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=["dana-zero", "dana-slim"])
     parser.add_argument("--d", type=int, default=D, help="parameters (default ResNet-20's)")
     parser.add_argument("--pushes", type=int, default=1000, help="pushes per run")
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a smoke run: tiny sizes, seconds; checks the script runs (its numbers mean nothing)",
-    )
-    args = parser.parse_args()
+    args = parse_with_smoke(parser)
     if args.smoke:
         args.workers, args.d, args.pushes = [1, 4], 100_000, 40
     ks = sorted(set(args.workers))

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from common import parse_with_smoke
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
@@ -214,12 +215,7 @@ def main() -> None:
     parser.add_argument(
         "--breakdown", action="store_true", help="first time the parts of a step (~15 s)"
     )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a smoke run: tiny sizes, seconds; checks the script runs (its numbers mean nothing)",
-    )
-    args = parser.parse_args()
+    args = parse_with_smoke(parser)
     if args.smoke:
         args.workers, args.pushes, args.reps, args.chunk, args.warmup = 4, 4, 1, 2, 1
         args.batch_size, args.data, args.train_size = 16, "random", 256

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from common import parse_with_smoke
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
@@ -89,12 +90,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads for both")
     parser.add_argument("--dataset", default="fashion-mnist")
     parser.add_argument("--model", default="cnn")
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a smoke run: tiny sizes, seconds; checks the script runs (its numbers mean nothing)",
-    )
-    args = parser.parse_args()
+    args = parse_with_smoke(parser)
     if args.smoke:
         args.workers, args.steps, args.chunk, args.warmup = 4, 4, 2, 1
         args.dataset, args.model = "synthetic", "linear"

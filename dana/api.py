@@ -31,7 +31,7 @@ from dana.train.config import TrainConfig
 from dana.train.device import resolve_device
 from dana.train.entries import check_callable, check_model, entry_config
 from dana.train.records.pushlog import PushLog
-from dana.train.resources import check_threads, default_threads
+from dana.train.resources import check_threads, default_threads, torch_threads
 from dana.train.task.evaluation import cross_entropy
 from dana.train.task.flat import FlatModel, LossFn
 from dana.train.task.reading import TensorData
@@ -118,37 +118,10 @@ def simulate(
     check_callable(loss_fn, "loss_fn", "simulate")
     data = TensorData(x, y, "simulate(x, y)")
     where = resolve_device(device)
-    config = entry_config(
-        simulate,
-        hparams,
-        algorithm=algorithm,
-        workers=workers,
-        dataset="user",
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
-        momentum=momentum,
-        weight_decay=weight_decay,
-        decay_epochs=decay_epochs,
-        decay_factor=decay_factor,
-        warmup_epochs=warmup_epochs,
-        timing=timing,
-        timing_params=timing_params,
-        seed=seed,
-        dtype=dtype,
-        device=where.type,
-        batch_workers=batch_workers,
-        cluster=cluster,
-        partition=partition,
-        servers=servers,
-    )
-    previous = torch.get_num_threads()
+    config = entry_config(simulate, locals(), dataset="user", device=where.type)
     threads = check_threads(default_threads() if threads is None else threads)
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         return _simulate(model, data, config, loss_fn, callback, threads, where)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _simulate(

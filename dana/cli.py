@@ -86,8 +86,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = TrainConfig.from_dict(values, str(run.config))
         out = run.path
     else:
-        config = TrainConfig.from_dict(collect_options(args), "options")
-        out = args.out or default_out(config.validate())
+        config = TrainConfig.from_dict(collect_options(args), "options").validate()
+        out = args.out or default_out(config)
     summary = train(
         config,
         out,

@@ -46,7 +46,7 @@ from dana.train.device import resolve_device
 from dana.train.entries import Tracking, check_callable, check_model, entry_config
 from dana.train.records.pushlog import PushLog
 from dana.train.records.rundir import RunDir, check_local
-from dana.train.resources import check_threads, default_threads
+from dana.train.resources import check_threads, default_threads, torch_threads
 from dana.train.task import inputs as I
 from dana.train.task.batches import BatchStream, WorkerBatches, batches_for
 from dana.train.task.evaluation import (
@@ -59,8 +59,8 @@ from dana.train.task.evaluation import (
     probe_task,
 )
 from dana.train.task.flat import FlatModel, LossFn
+from dana.train.task.problem import FlatProblem
 from dana.train.task.reading import Data, MapData, ReadBatches, TensorData, data_source, place
-from dana.train.task.stacked import GradientSource
 from dana.train.training import add_columns, execute_run, start_run
 
 ModelOrFactory = nn.Module | Callable[[], nn.Module]
@@ -104,8 +104,10 @@ class UserData:
     train_y: Tensor | None
 
 
-class UserProblem:
-    """:class:`dana.train.task.problem.Problem`'s interface on the user's model, data and loss.
+class UserProblem(FlatProblem):
+    """:class:`dana.train.task.problem.Problem`'s interface on the user's model, data and loss
+    (the gradient, the model file and the checkpointed buffers:
+    :class:`~dana.train.task.problem.FlatProblem`'s).
 
     The evaluation is every run's (:mod:`dana.train.task.evaluation`): the loss, the error
     rate where the outputs and targets define one, and the ``metrics`` hook's values;
@@ -150,9 +152,6 @@ class UserProblem:
         rows = torch.arange(min(2, len(self.test.y)), device=self.test.y.device)
         return self.test.rows(rows)
 
-    def initial_params(self) -> Tensor:
-        return self.flat.flat.clone()
-
     def batches(
         self, seed: int, worker: int | None = None
     ) -> BatchStream | WorkerBatches | ReadBatches:
@@ -174,9 +173,6 @@ class UserProblem:
             rows = batches_for(config.partition, labels, config.batch_size, seed, config.workers)
         return ReadBatches(data, config.batch_size, config.seed, rows, worker)
 
-    def gradient(self, params: Tensor, batch: Any) -> tuple[Tensor, float]:
-        return self.flat.gradient(params, *self.inputs(batch), self.loss_fn)
-
     def inputs(self, batch: Any) -> tuple[I.Inputs, Tensor]:
         """A batch's examples on the device: rows of the tensors, or a read batch."""
         if torch.is_tensor(batch):
@@ -184,9 +180,6 @@ class UserProblem:
         else:
             x, y = batch
         return place(x, self.device, self.dtype), place(y, self.device, self.dtype)
-
-    def source(self) -> GradientSource:
-        return GradientSource(self.flat, self.loss_fn, self.inputs)
 
     def evaluate(self, params: Tensor) -> dict[str, float]:
         """The test set's loss, error rate and metrics at ``params``."""
@@ -196,22 +189,6 @@ class UserProblem:
     def model_info(self) -> dict[str, Any]:
         """The model file's metadata: a user's model, loaded into the user's factory."""
         return {"model": self.config.model, "kind": "user"}
-
-    def save_model(self, path: str | Path, params: Tensor) -> Path:
-        """Write the model at ``params``, with its buffers, to ``path`` (a run
-        directory: its ``model.safetensors``; :mod:`dana.train.records.modelfile`)."""
-        from dana.train.records.modelfile import save_model
-
-        flat = self.flat
-        with torch.no_grad():
-            flat.load(params.to(flat.flat.device, flat.flat.dtype))
-        return save_model(path, flat.module, self.model_info())
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"buffers": self.flat.buffers_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.flat.load_buffers_state(state["buffers"])
 
 
 @dataclass
@@ -349,44 +326,12 @@ def fit(
     threads = check_threads(default_threads() if threads is None else threads)
     config = entry_config(
         fit,
-        hparams,
-        algorithm=algorithm,
-        workers=workers,
+        locals(),
         dataset="user",
         model=type(model).__name__ if isinstance(model, nn.Module) else "user",
         augment=False,
-        epochs=epochs,
-        batch_size=batch_size,
-        lr=lr,
-        momentum=momentum,
-        weight_decay=weight_decay,
-        decay_epochs=decay_epochs,
-        decay_factor=decay_factor,
-        warmup_epochs=warmup_epochs,
-        timing=timing,
-        timing_params=timing_params,
-        cluster=cluster,
-        partition=partition,
-        max_staleness=max_staleness,
-        seed=seed,
-        eval_every=eval_every,
-        checkpoint_every=checkpoint_every,
-        lr_scaling=lr_scaling,
-        compress=compress,
-        dtype=dtype,
-        backend=backend,
-        address=address,
-        servers=servers,
-        standby=standby,
-        server_timeout=server_timeout,
-        relay_log_bytes=relay_log_bytes,
-        time_scale=time_scale,
-        max_workers=max_workers,
-        grow_at=grow_at,
         device=where.type,
-        batch_workers=batch_workers,
         mlflow=None if mlflow is None else str(mlflow),
-        mlflow_experiment=mlflow_experiment,
         tensorboard=tensorboard is not None,
     )
     if config.mlflow:
@@ -406,34 +351,18 @@ def fit(
     instance = model if isinstance(model, nn.Module) else seeded_model(model, seed)
     problem = UserProblem(config, spec, instance, test_data, metrics)
     if out is None:
-        with tempfile.TemporaryDirectory(prefix="dana-fit-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="dana-fit-") as tmp, torch_threads(threads):
             return _run(config, problem, RunDir(Path(tmp) / "run"), progress, threads, tracking)
     check_local(out, "out")
     run = RunDir(out)
     run.check_new("out")
-    with run.removed_on_failure(errors=(Exception,), keep_results=False):
+    with run.removed_on_failure(errors=(Exception,), keep_results=False), torch_threads(threads):
         result = _run(config, problem, run, progress, threads, tracking)
     result.run_dir = run.path
     return result
 
 
 def _run(
-    config: TrainConfig,
-    problem: UserProblem,
-    run: RunDir,
-    progress: bool,
-    threads: int,
-    tracking: Tracking,
-) -> FitResult:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return _run_on(config, problem, run, progress, threads, tracking)
-    finally:
-        torch.set_num_threads(previous)
-
-
-def _run_on(
     config: TrainConfig,
     problem: UserProblem,
     run: RunDir,
@@ -454,15 +383,7 @@ def _run_on(
     title = f"{config.algorithm}, k={config.workers}, {config.model}"
     mlflow_run = {"run_name": tracking.run_name, "tags": tracking.tags}
     try:
-        summary = execute_run(
-            runner,
-            config,
-            run,
-            title,
-            progress,
-            keep_model=lambda params: problem.save_model(run.path, params),
-            mlflow_run=mlflow_run,
-        )
+        summary = execute_run(runner, config, run, title, progress, problem, mlflow_run)
     except DanaError as e:
         if "No module named" not in str(e):
             raise

@@ -79,13 +79,17 @@ def _tensors(params: Iterable[Any] | Tensor) -> list[Tensor]:
 class Master:
     """The master of one asynchronous run: the master rule of ``algorithm`` over a flat
     copy of ``params``, serving :meth:`pull` and :meth:`push` one at a time (a lock makes
-    it safe for worker threads).
+    it safe for worker threads). The defaults are ``dana train``'s
+    (:class:`~dana.train.config.TrainConfig`).
 
-    ``params``: the model's parameters (or one flat tensor), copied: the master's
-    parameters are its own. ``workers``: how many workers will push (``k``).
-    ``hparams``: the algorithm's hyper-parameters (``momentum=0.9``; ``dana algorithms``
-    lists them). A synchronous algorithm (``ssgd``) needs rounds that threads pushing
-    freely do not make: with more than one worker it is refused.
+    Args:
+        params: the model's parameters (or one flat tensor), copied: the master's
+            parameters are its own.
+        algorithm: a name of ``dana algorithms`` (default ``dana-slim``), or an
+            :class:`~dana.algorithms.base.Algorithm`. A synchronous one (``ssgd``) needs
+            rounds that threads pushing freely do not make: refused with several workers.
+        workers: how many workers will push (``k``; default 8).
+        **hparams: the algorithm's hyper-parameters (``momentum=0.9``).
     """
 
     def __init__(
@@ -179,21 +183,23 @@ class Master:
 class Worker(torch.optim.Optimizer):
     """One asynchronous worker as a ``torch.optim.Optimizer``: ``loss.backward();
     worker.step()`` pushes this replica's message to the master and pulls its next
-    parameters (the module docstring gives the rule).
+    parameters (the module docstring gives the rule). ``state_dict()`` is in torch's
+    format, each rule state per parameter (DANA-Slim's ``v`` as ``momentum_buffer``, as
+    in ``torch.optim.SGD``).
 
-    ``params``: the replica's parameters or parameter groups (torch's format); they
-    become views of one flat vector, so loading the pulled parameters is one copy and
-    the message is made by a few vector operations. ``master``: a :class:`Master` (or a
-    :class:`Link` to one); at construction the replica takes the master's parameters.
-    ``rank``: this worker's number, ``0 .. workers-1``. ``lr`` and ``weight_decay`` as
-    ``torch.optim.SGD``'s (``torch.optim.lr_scheduler`` sets the groups' ``lr``, which
-    must be equal: a message is applied at one rate); the momentum is the algorithm's,
-    given to the :class:`Master`. ``algorithm``: only with a :class:`Link` that is not
-    a :class:`Master` (the master's algorithm otherwise). ``speed``: this worker's speed
-    over the fastest worker's, for Dynamic Local Updates (``dynamic_steps``).
-
-    ``state_dict()`` is in torch's format, each rule state per parameter (DANA-Slim's
-    ``v`` as ``momentum_buffer``, as in ``torch.optim.SGD``).
+    Args:
+        params: the replica's parameters or parameter groups (torch's format); they
+            become views of one flat vector (loading the pulled parameters is one copy).
+        master: a :class:`Master` (or a :class:`Link` to one); at construction the
+            replica takes the master's parameters.
+        rank: this worker's number, ``0 .. workers-1``.
+        lr: the learning rate (default ``dana train``'s, 0.005; a scheduler sets the
+            groups' ``lr``, which must be equal: a message is applied at one rate).
+        weight_decay: as ``torch.optim.SGD``'s (default ``dana train``'s, 1e-4). The
+            momentum is the algorithm's, given to the :class:`Master`.
+        algorithm: only with a :class:`Link` that is not a :class:`Master`.
+        speed: this worker's speed over the fastest worker's, for Dynamic Local
+            Updates (``dynamic_steps``).
     """
 
     def __init__(

@@ -10,6 +10,7 @@ to rounding and runs are reproducible.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -79,44 +80,49 @@ def make_least_squares(
     return LeastSquares(X, y)
 
 
+#: The Simulator's keyword-only arguments: :func:`make_simulator` passes these on to it.
+SIMULATOR_OPTIONS = {
+    name
+    for name, p in inspect.signature(Simulator.__init__).parameters.items()
+    if p.kind is p.KEYWORD_ONLY
+}
+
+
 def make_simulator(
     algorithm: str | Algorithm,
     workers: int,
     problem: LeastSquares | None = None,
+    /,
     *,
     lr: float | Callable[[float], float] = 0.01,
     batch_size: int = 8,
-    timing: str = "gamma",
-    timing_params: dict | None = None,
+    batches: Any = None,
     seed: int = 0,
     weight_decay: float = 0.0,
-    measure_gap: bool = True,
-    compress: str = "none",
-    servers: int = 1,
-    **hparams,
+    **options: Any,
 ) -> Simulator:
     """A simulator of ``algorithm`` (a name, or an Algorithm) on a least-squares problem.
 
-    The parameters start at zero; ``hparams`` go to :func:`dana.algorithms.build`;
-    ``compress`` and ``servers``: the codec of the pushes and the shards it encodes.
+    The parameters start at zero; the batches are ``batches`` (default: a stream of
+    ``batch_size`` seeded ``seed``); ``options`` that name a Simulator argument
+    (:data:`SIMULATOR_OPTIONS`: ``timing``, ``compress``, ``servers``, ``cluster``...)
+    go to it, the others to :func:`dana.algorithms.build` (``workers`` too: the
+    elastic-averaging rules take it).
     """
     problem = problem or make_least_squares()
+    hparams = {k: v for k, v in options.items() if k not in SIMULATOR_OPTIONS}
     if isinstance(algorithm, str):
         algorithm = A.build(algorithm, **hparams)
     return Simulator(
         algorithm,
         torch.zeros(problem.d, dtype=torch.float64),
         problem.gradient,
-        BatchStream(problem.n, batch_size, seed=seed),
+        BatchStream(problem.n, batch_size, seed=seed) if batches is None else batches,
         workers,
         lr=lr,
         weight_decay=weight_decay,
-        timing=timing,
-        timing_params=timing_params,
         seed=seed,
-        measure_gap=measure_gap,
-        compress=compress,
-        servers=servers,
+        **{k: v for k, v in options.items() if k in SIMULATOR_OPTIONS},
     )
 
 

@@ -16,6 +16,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +75,13 @@ def assert_bad_input(result: subprocess.CompletedProcess, *fragments: str) -> No
         assert fragment in result.stderr, (fragment, result.stderr)
 
 
+def assert_train_refused(out: Path, *args: str, fragments: Sequence[str]) -> None:
+    """``dana train ARGS --out OUT`` is bad input naming every fragment, and leaves no
+    OUT behind."""
+    assert_bad_input(dana("train", *args, "--out", str(out)), *fragments)
+    assert not out.exists()
+
+
 def snapshot(path: Path) -> dict[str, bytes]:
     """Every file under ``path`` (names relative to it) and its bytes."""
     return {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()}
@@ -114,6 +122,14 @@ def resumable(resumable_template, tmp_path) -> Path:
             ["--algorithm", "local-dn", "--workers", "4", "--algo-param", "c=0.5"],
             ["--workers 4", "c must be at most 1/(N - 1)"],
         ),
+        (["--cluster", "moon"], ["--cluster 'moon'", "datacenter"]),
+        (["--cluster", "geo", "--backend", "ray"], ["emulates", "--time-scale S > 0"]),
+        (["--cluster", "geo", "--timing", "constant"], ["both set the step times"]),
+        (["--partition", "dirichlet:0"], ["dirichlet:ALPHA", "ALPHA > 0"]),
+        (["--partition", "halves"], ["--partition 'halves'", "shards:N"]),
+        (["--partition", "shards:2", "--backend", "ray"], ["simulated only", "iid"]),
+        (["--partition", "shards:200"], ["shards", "empty"]),
+        (["--cluster", "datacenter", "--servers", "100000"], ["--servers 100000", "parameters"]),
     ],
     ids=[
         "seed-2**70",
@@ -125,12 +141,18 @@ def resumable(resumable_template, tmp_path) -> Path:
         "threads-negative",
         "bool-hparam-string",
         "local-dn-c-past-its-k-bound",
+        "no-such-preset",
+        "cluster-on-ray",
+        "timing-and-cluster",
+        "dirichlet-zero",
+        "unknown-partition",
+        "partition-on-ray",
+        "too-many-shards",
+        "servers-beyond-d",
     ],  # fmt: skip
 )
 def test_bad_options(tmp_path, args, fragments):
-    out = tmp_path / "run"
-    assert_bad_input(dana("train", *SMALL, *args, "--out", str(out)), *fragments)
-    assert not out.exists()
+    assert_train_refused(tmp_path / "run", *SMALL, *args, fragments=fragments)
 
 
 @pytest.mark.parametrize(
@@ -150,12 +172,10 @@ def test_bad_options(tmp_path, args, fragments):
 def test_bad_config_values(tmp_path, name, text, fragments):
     config = tmp_path / name
     config.write_text(text)
-    out = tmp_path / "run"
     extra = ["--timing-shape", "50"] if name == "timing-cli.yaml" else []
     small = SMALL[2:] if name == "dataset.yaml" else SMALL  # the file gives the dataset
-    result = dana("train", *small, "--config", str(config), *extra, "--out", str(out))
-    assert_bad_input(result, *fragments)
-    assert not out.exists()
+    args = [*small, "--config", str(config), *extra]
+    assert_train_refused(tmp_path / "run", *args, fragments=fragments)
 
 
 def test_empty_test_set_leaves_nothing(tmp_path):
@@ -167,21 +187,16 @@ def test_empty_test_set_leaves_nothing(tmp_path):
                   torch.from_numpy(rng.integers(0, 256, (count, 8, 8), dtype=np.uint8)))  # fmt: skip
         write_idx(data / f"{prefix}-labels-idx1-ubyte.gz",
                   torch.from_numpy(rng.integers(0, 10, count, dtype=np.uint8)))  # fmt: skip
-    out = tmp_path / "run"
-    result = dana("train", "--dataset", "mnist", "--data-dir", str(data), "--model", "linear",
-                  "--batch-size", "16", "--quiet", "--out", str(out))  # fmt: skip
-    assert_bad_input(result, "test set is empty")
-    assert not out.exists()
+    args = ["--dataset", "mnist", "--data-dir", str(data), "--model", "linear",
+            "--batch-size", "16", "--quiet"]  # fmt: skip
+    assert_train_refused(tmp_path / "run", *args, fragments=["test set is empty"])
 
 
 def test_trace_of_huge_durations(tmp_path):
     trace = tmp_path / "trace.csv"
     trace.write_text("worker,duration\n0,1e308\n1,1e308\n")
-    out = tmp_path / "run"
-    result = dana("train", *SMALL, "--timing", "trace", "--timing-trace", str(trace),
-                  "--out", str(out))  # fmt: skip
-    assert_bad_input(result, "trace.csv:2", "at most")
-    assert not out.exists()
+    args = [*SMALL, "--timing", "trace", "--timing-trace", str(trace)]
+    assert_train_refused(tmp_path / "run", *args, fragments=["trace.csv:2", "at most"])
 
 
 def test_more_workers_than_memory_holds(tmp_path):
@@ -197,11 +212,11 @@ def test_more_workers_than_memory_holds(tmp_path):
     per_worker = state_bytes(config.algorithm, config.algorithm_hparams(), 1000, d,
                              torch.float32) / 1000  # fmt: skip
     workers = int(1.5 * available / per_worker)
-    out = tmp_path / "run"
-    result = dana("train", "--dataset", "synthetic", "--model", "mlp", "--train-size", "256",
-                  "--test-size", "64", "--workers", str(workers), "--quiet", "--out", str(out))  # fmt: skip
-    assert_bad_input(result, f"--workers {workers} of mlp", "GiB", "available")
-    assert not out.exists()
+    args = ["--dataset", "synthetic", "--model", "mlp", "--train-size", "256",
+            "--test-size", "64", "--workers", str(workers), "--quiet"]  # fmt: skip
+    assert_train_refused(
+        tmp_path / "run", *args, fragments=[f"--workers {workers} of mlp", "GiB", "available"]
+    )
 
 
 def test_memory_estimate_names_the_figure():
@@ -486,37 +501,4 @@ def test_bad_cluster_file(tmp_path, text, fragments):
     """A bad cluster file: exit 2, the field and the fix named, nothing written."""
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(text)
-    out = tmp_path / "run"
-    assert_bad_input(
-        dana("train", *SMALL, "--cluster", str(cluster), "--out", str(out)), *fragments
-    )
-    assert not out.exists()
-
-
-@pytest.mark.parametrize(
-    "args, fragments",
-    [
-        (["--cluster", "moon"], ["--cluster 'moon'", "datacenter"]),
-        (["--cluster", "geo", "--backend", "ray"], ["emulates", "--time-scale S > 0"]),
-        (["--cluster", "geo", "--timing", "constant"], ["both set the step times"]),
-        (["--partition", "dirichlet:0"], ["dirichlet:ALPHA", "ALPHA > 0"]),
-        (["--partition", "halves"], ["--partition 'halves'", "shards:N"]),
-        (["--partition", "shards:2", "--backend", "ray"], ["simulated only", "iid"]),
-        (["--partition", "shards:200"], ["shards", "empty"]),
-        (["--cluster", "datacenter", "--servers", "100000"], ["--servers 100000", "parameters"]),
-    ],
-    ids=[
-        "no-such-preset",
-        "cluster-on-ray",
-        "timing-and-cluster",
-        "dirichlet-zero",
-        "unknown-partition",
-        "partition-on-ray",
-        "too-many-shards",
-        "servers-beyond-d",
-    ],  # fmt: skip
-)
-def test_bad_cluster_and_partition_options(tmp_path, args, fragments):
-    out = tmp_path / "run"
-    assert_bad_input(dana("train", *SMALL, *args, "--out", str(out)), *fragments)
-    assert not out.exists()
+    assert_train_refused(tmp_path / "run", *SMALL, "--cluster", str(cluster), fragments=fragments)

@@ -107,18 +107,24 @@ def test_yaml_config_and_command_line_override(tmp_path):
     assert saved["workers"] == 5 and saved["train_size"] == 256 and saved["model"] == "linear"
 
 
-def test_resume_after_kill_equals_uninterrupted_run(tmp_path):
-    args = [*SMALL, "--algorithm", "dana-zero", "--workers", "4", "--epochs", "60",
-            "--eval-every", "5", "--checkpoint-every", "5", "--timing", "gamma"]  # fmt: skip
+def killed_and_resumed(tmp_path: Path, args: list[str]) -> tuple[Path, Path]:
+    """``dana train ARGS`` run whole, and run again killed at its first checkpoint then
+    resumed: the two run directories, whose metrics (but the wall times) are asserted
+    equal."""
     whole = tmp_path / "whole"
     assert dana("train", *args, "--out", str(whole)).returncode == 0
-
     killed = tmp_path / "killed"
     kill_at_first_checkpoint(*args, out=killed)
-
     result = dana("train", "--resume", str(killed), "--quiet")
     assert result.returncode == 0, result.stderr
     assert without_wall(read_metrics(killed)) == without_wall(read_metrics(whole))
+    return whole, killed
+
+
+def test_resume_after_kill_equals_uninterrupted_run(tmp_path):
+    args = [*SMALL, "--algorithm", "dana-zero", "--workers", "4", "--epochs", "60",
+            "--eval-every", "5", "--checkpoint-every", "5", "--timing", "gamma"]  # fmt: skip
+    whole, killed = killed_and_resumed(tmp_path, args)
     summary = json.loads((killed / "summary.json").read_text())
     assert summary["updates"] == json.loads((whole / "summary.json").read_text())["updates"]
 
@@ -346,13 +352,7 @@ def test_resume_after_kill_on_a_cluster_equals_uninterrupted_run(tmp_path):
     args = [*SMALL, "--algorithm", "dana-zero", "--workers", "4", "--epochs", "40",
             "--eval-every", "5", "--checkpoint-every", "5", "--cluster", str(cluster),
             "--partition", "shards:2", "--max-staleness", "3"]  # fmt: skip
-    whole = tmp_path / "whole"
-    assert dana("train", *args, "--out", str(whole)).returncode == 0
-    killed = tmp_path / "killed"
-    kill_at_first_checkpoint(*args, out=killed)
-    result = dana("train", "--resume", str(killed), "--quiet")
-    assert result.returncode == 0, result.stderr
-    assert without_wall(read_metrics(killed)) == without_wall(read_metrics(whole))
+    whole, killed = killed_and_resumed(tmp_path, args)
     a, b = (json.loads((d / "summary.json").read_text()) for d in (killed, whole))
     assert {k: v for k, v in a.items() if k != "wall_seconds"} == {
         k: v for k, v in b.items() if k != "wall_seconds"

@@ -382,3 +382,22 @@ def test_augment_batch_zero_pads() -> None:
     out = augment_batch(x, torch.Generator().manual_seed(0))
     assert set(out.unique().tolist()) == {0.0, 1.0}
     assert (out == 0).flatten(1).any(1).float().mean() > 0.8
+
+
+def test_a_registered_dataset_loads_by_name():
+    """A new dataset is one entry of the registry: load_dataset and a run find it."""
+    from dana.data import DATASETS, DatasetEntry, register_dataset
+
+    def read(request):
+        g = torch.Generator().manual_seed(request.seed)
+        x = torch.rand(12, 1, 4, 4, generator=g)
+        return x[:8], torch.arange(8) % 3, x[8:], torch.arange(4) % 3, 3
+
+    register_dataset("tiny", DatasetEntry(read, reads_files=False))
+    try:
+        ds = load_dataset("TINY", seed=1)
+        assert (ds.train_size, ds.test_size, ds.num_classes, ds.augment) == (8, 4, 3, False)
+        with pytest.raises(ValueError, match="already registered"):
+            register_dataset("tiny", DatasetEntry(read))
+    finally:
+        DATASETS.pop("tiny")

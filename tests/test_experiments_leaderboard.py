@@ -60,7 +60,10 @@ def test_overlapping_intervals_share_a_rank_after_the_unranked_baseline(tmp_path
     text = build_leaderboard(tmp_path, tmp_path / "LEADERBOARD.md")
     assert text.startswith(HEADER + "\n")
     heading = "### alpha: k=4, cluster none, partition iid"
-    assert f"{heading}; target 10.50% test error\n| rank | method | seeds | final test error (%)" in text
+    assert (
+        f"{heading}; target 10.50% test error\n| rank | method | seeds | final test error (%)"
+        in text
+    )
     rows = _rows(text, heading)
     assert rows[0][:4] == ["—", "dana-slim, one worker (baseline)", "2/2", "10.00 [9.80..10.20]"]
     assert [(r[0], r[1]) for r in rows[1:]] == [

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from dana.train.backends import RUNNERS as BACKENDS
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "dana"
-RUNNERS = {"sim", "ps"}
+#: The runners' layers, read from the floor's registry (dana.train.backends.RUNNERS).
+RUNNERS = {_b.module.split(".")[1] for _b in BACKENDS.values()}
 
 
 def module_name(path: Path) -> str:
@@ -183,7 +186,7 @@ def test_the_cycle_finder_finds_cycles(edges, cycle):
 
 
 def test_a_runner_from_the_recipe_works_from_dana_train_and_dana_fit(tmp_path, monkeypatch):
-    """docs/ARCHITECTURE.md's "A new runner": a class on the floor (tests/toy_runner.py)
+    """docs/ARCHITECTURE.md's recipe for a runner: a class on the floor (tests/toy_runner.py)
     and one entry in the registry, and both entries find it: `dana train --backend toy`
     and `dana.fit(backend="toy")`."""
     import json

@@ -13,24 +13,22 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import socket
-import struct
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from conftest import command, descendants, run_on_ray, tiny
+from conftest import run_on_ray, tiny
+from fault_injection import Direct, Faults, check_every_shard, run_with_faults
 
 from dana.errors import DanaError, FaultError
-from dana.ps.accounting import check_run, servers
+from dana.ps.accounting import check_run
 from dana.ps.head import HeadServer
 from dana.ps.log import LogMerger, ShardLog
 from dana.ps.protocol import Entry, Method, Pull, Push, Status
 from dana.ps.recovery import RelayLog
+from dana.ps.settings import server_settings
 from dana.ps.shard import ShardServer
 from dana.train.records.progress import Progress
 from dana.train.records.rundir import RunDir
@@ -47,17 +45,6 @@ needs_ray = pytest.mark.skipif(ray is None, reason="needs Ray: pip install 'ray>
 
 
 # -- units, no Ray ------------------------------------------------------------------------
-class Direct:
-    """An actor handle stand-in: ``handle.method.remote(...)`` calls ``target.method``."""
-
-    def __init__(self, target: Any):
-        self.target = target
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self.target, name)
-        return type("Method", (), {"remote": staticmethod(method)})
-
-
 def test_the_relay_log_keeps_calls_until_every_shard_has_a_snapshot():
     log = RelayLog(shards=3)  # receivers: the standby (0), shards 1 and 2
     for n in range(1, 6):
@@ -98,11 +85,12 @@ def test_a_rebuilt_shard_is_the_lost_one():
     lost: the same parameters and counters, bit for bit."""
     config = tiny(algorithm="dana-slim", workers=2, servers=2, lr=0.1, warmup_epochs=0)
     d, half = 8, 4
-    options = dict(d=d, batches_per_epoch=100, end=40, evals=[], checkpoints=[])
+    settings = server_settings(config, d, 100)
+    options = dict(end=40, evals=[], checkpoints=[])
 
     def shard(s: int, **kw: Any) -> ShardServer:
         server = HeadServer if s == 0 else ShardServer
-        return server(config.to_dict(), s, np.zeros(half, np.float32), **options, **kw)
+        return server(np.zeros(half, np.float32), **settings[s], **options, **kw)
 
     lost, twin = shard(1), shard(1)
     head = shard(0, peers=["shard1"])
@@ -150,11 +138,12 @@ def head_standby_and_shard_1(algorithm: str, seqs: int) -> tuple:
     ``seqs`` fixed random gradients per worker) and its pull, through ``server``."""
     config = tiny(algorithm=algorithm, workers=2, servers=2, lr=0.1, warmup_epochs=0)
     d, half = 8, 4
-    options = dict(d=d, batches_per_epoch=100, end=60, evals=[], checkpoints=[])
+    settings = server_settings(config, d, 100)
+    options = dict(end=60, evals=[], checkpoints=[])
 
     def shard(s: int, **kw: Any) -> ShardServer:
         server = HeadServer if s == 0 else ShardServer
-        return server(config.to_dict(), s, np.zeros(half, np.float32), **options, **kw)
+        return server(np.zeros(half, np.float32), **settings[s], **options, **kw)
 
     head, one = shard(0, peers=["shard1"], replicated=True), shard(1)
     standby = shard(0, peers=["shard1"], standby=True)
@@ -232,9 +221,9 @@ def test_a_head_taken_for_lost_that_runs_on_is_deposed_and_passes_nothing_on():
 
 def head_server(bound: int, workers: int, **kw: Any) -> HeadServer:
     """Shard 0 of a ``dana-slim`` run of 4 parameters with ``--max-staleness bound``."""
-    config = tiny(algorithm="dana-slim", workers=workers, max_staleness=bound).to_dict()
-    options = dict(d=4, batches_per_epoch=100, end=60, evals=[], checkpoints=[])
-    return HeadServer(config, 0, np.zeros(4, np.float32), **options, **kw)
+    config = tiny(algorithm="dana-slim", workers=workers, max_staleness=bound)
+    options = dict(server_settings(config, 4, 100)[0], end=60, evals=[], checkpoints=[])
+    return HeadServer(np.zeros(4, np.float32), **options, **kw)
 
 
 def pair(bound: int, workers: int) -> tuple[HeadServer, HeadServer]:
@@ -306,9 +295,10 @@ def test_without_a_standby_the_log_holds_the_other_shards_parts_only():
     """``--no-standby``: the head copies no part of its own into its log, which the other
     shards' snapshots alone trim; with one shard there is no log at all."""
     config = tiny(algorithm="dana-slim", workers=2, servers=2, standby=False)
-    options = dict(d=8, batches_per_epoch=100, end=60, evals=[], checkpoints=[])
-    head = HeadServer(config.to_dict(), 0, np.zeros(4, np.float32), **options, peers=["s1"])
-    one = ShardServer(config.to_dict(), 1, np.zeros(4, np.float32), **options)
+    settings = server_settings(config, 8, 100)
+    options = dict(end=60, evals=[], checkpoints=[])
+    head = HeadServer(np.zeros(4, np.float32), **settings[0], **options, peers=["s1"])
+    one = ShardServer(np.zeros(4, np.float32), **settings[1], **options)
     head.relay.names = []  # (no Ray: the handles are set by hand)
     head.begin(0.0)
     head.relay.peers = [Direct(one)]
@@ -323,8 +313,8 @@ def test_without_a_standby_the_log_holds_the_other_shards_parts_only():
     head.trim(1, one.counts.calls)  # shard 1's snapshot covers everything: nothing is kept
     assert not log.calls and log.bytes == 0
     assert one.counters()["applied"] == head.counters()["applied"] == [3, 0]
-    alone = tiny(algorithm="dana-slim", workers=2, servers=1, standby=False).to_dict()
-    only = HeadServer(alone, 0, np.zeros(8, np.float32), **options)
+    alone = tiny(algorithm="dana-slim", workers=2, servers=1, standby=False)
+    only = HeadServer(np.zeros(8, np.float32), **server_settings(alone, 8, 100)[0], **options)
     assert only.relay.log is None
 
 
@@ -362,106 +352,6 @@ def test_cpus_per_actor():
 
 
 # -- real runs on a local Ray -------------------------------------------------------------
-
-
-class Faults(Progress):
-    """Runs ``actions`` (``(steps, what)``, ``what``: ``"worker:i"``, ``"shard:s"`` (shard 0:
-    the head of the moment), ``"standby:0"`` or ``"both:0"`` (the head and its standby)) once
-    the run has passed ``steps``; a shard or standby is killed for good, a worker restarts. A
-    fault on shard 0 waits for a standby in place, and the workers are stopped (SIGSTOP) while
-    it waits, so that a slow rebuild on a loaded machine cannot let the run end first. Records
-    the sockets Ray's processes listen on, and its actors' nice values, at the first update."""
-
-    def __init__(self, runner: Any, actions: list[tuple[int, str]]):
-        super().__init__(enabled=False)
-        self.runner, self.actions, self.done = runner, sorted(actions), []
-        self.sockets: list[tuple[str, int, int]] | None = None
-        self.actor_nice: dict[str, int] = {}
-        self.held: list[int] = []  # the workers' processes stopped meanwhile
-
-    def update(self, steps: int, loss: float) -> None:
-        if self.sockets is None:
-            processes = descendants(os.getpid())
-            self.sockets = listening(processes)
-            for pid in processes:
-                name = command(pid)
-                if name.startswith(("ray::ShardServer", "ray::HeadServer", "ray::Worker")):
-                    self.actor_nice[f"{name.split()[0]} {pid}"] = os.getpriority(
-                        os.PRIO_PROCESS, pid
-                    )
-        while self.actions and steps >= self.actions[0][0]:
-            kind, index = self.actions[0][1].split(":")
-            if (
-                kind in ("shard", "standby", "both")
-                and index == "0"
-                and self.runner.shards.standby is None
-            ):
-                self._hold_workers()
-                break  # a head (or standby) lost again only once a new standby is in place
-            self._release_workers()
-            at, what = self.actions.pop(0)
-            if kind == "worker":
-                ray.kill(self.runner.worker_actors[int(index)], no_restart=False)
-            elif kind == "standby":
-                ray.kill(self.runner.shards.standby, no_restart=True)
-            elif kind == "both":  # shard 0 and its standby at once
-                ray.kill(self.runner.shards.standby, no_restart=True)
-                ray.kill(self.runner.shards.servers[0], no_restart=True)
-            else:
-                ray.kill(self.runner.shards.servers[int(index)], no_restart=True)
-            self.done.append((steps, what))
-            if what == "shard:0":
-                break  # (the driver notices, and starts a new standby, before the next)
-
-    def _hold_workers(self) -> None:
-        if not self.held:
-            for pid in descendants(os.getpid()):
-                if command(pid).startswith("ray::Worker"):
-                    os.kill(pid, signal.SIGSTOP)
-                    self.held.append(pid)
-
-    def _release_workers(self) -> None:
-        for pid in self.held:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        self.held = []
-
-
-def run_with_faults(config, out: Path, actions: list[tuple[int, str]]) -> tuple[Any, Faults]:
-    made: dict[str, Faults] = {}
-
-    def faults_for(runner: Any) -> Faults:
-        made["faults"] = Faults(runner, actions)
-        return made["faults"]
-
-    runner = run_on_ray(config, out, faults_for)
-    return runner, made["faults"]
-
-
-def check_every_shard(runner: Any, steps: int, resent: bool = False) -> dict[str, Any]:
-    """Every push applied exactly once on every shard (and on shard 0's standby):
-    :func:`~dana.ps.accounting.check_run` (per worker, the pushes applied equal its last
-    seq, the same on every shard; no gap; no relayed call missed; the totals match);
-    besides, no repeat (``resent``: pushes sent again to a promoted standby are answered
-    duplicate, not applied), every push an update, each push once in the merged log."""
-    dist = json.loads((runner.run.path / "dist.json").read_text())
-    problems = check_run(dist, runner.summary, steps)
-    assert not problems, problems
-    first = dist["shards"][0]
-    for s, shard in enumerate(servers(dist)):
-        assert resent or shard["duplicates"] == 0, f"shard {s}"
-        assert shard["updates"] == steps, f"shard {s}"
-    # (a lost head's count of the pushes it refused after the end is lost with it: then
-    # the workers' count of "stop" replies stands in)
-    refused = first["rejected_after_stop"]
-    if resent:
-        refused = max(refused, dist["worker_replies"].get("stopped", 0))
-    assert dist["pushes_sent"] <= sum(first["last_seq"]) + refused
-    assert len(runner.merger.log) == steps
-    assert runner.rows[-1]["test_loss"] < 0.75 * runner.rows[0]["test_loss"]
-    return dist
 
 
 @pytest.mark.ray
@@ -787,35 +677,6 @@ def test_token_mode_without_a_token_is_a_clear_error(monkeypatch, tmp_path):
 
 
 # -- sockets and processes ----------------------------------------------------------------
-
-
-def listening(pids: set[int]) -> list[tuple[str, int, int]]:
-    """(address, port, pid) of every TCP socket in LISTEN state the processes hold."""
-    inodes: dict[str, int] = {}
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes[target[8:-1]] = pid
-    found = []
-    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
-        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
-                continue
-            hexaddr, port = fields[1].split(":")
-            raw = bytes.fromhex(hexaddr)
-            # /proc prints each 32-bit word in host (little-endian) order
-            raw = b"".join(struct.pack("<I", w) for w in struct.unpack(f">{len(raw) // 4}I", raw))
-            found.append((socket.inet_ntop(family, raw), int(port, 16), inodes[fields[9]]))
-    return found
 
 
 def is_loopback(address: str) -> bool:

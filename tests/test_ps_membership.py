@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import needs_ray, run_on_ray, tiny
+from fault_injection import Direct
 
 from dana.errors import ConfigError
 from dana.ps import accounting
 from dana.ps.head import HeadServer
 from dana.ps.membership import live_workers
 from dana.ps.protocol import Push, Status
+from dana.ps.settings import server_settings
 from dana.ps.shard import ShardServer
 from dana.train.config import TrainConfig
 from dana.train.records.progress import Progress
@@ -33,26 +35,16 @@ except ImportError:  # the units still run
 APPLIED, DUPLICATE, GONE = Status.APPLIED, Status.DUPLICATE, Status.GONE
 
 
-class Direct:
-    """An actor handle stand-in: ``handle.method.remote(...)`` calls ``target.method``."""
-
-    def __init__(self, target: Any):
-        self.target = target
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self.target, name)
-        return type("Method", (), {"remote": staticmethod(method)})
-
-
 def servers(algorithm: str, **kw: Any) -> tuple[HeadServer, HeadServer, ShardServer, Any]:
     """A head (shard 0 of 2), its standby and shard 1 of a run of 2 workers that may
     grow to 4, wired without Ray; and a maker of more shards 1."""
-    config = tiny(algorithm=algorithm, workers=2, max_workers=4, servers=2, **kw).to_dict()
-    options = dict(d=8, batches_per_epoch=100, end=None, evals=[], checkpoints=[])
+    config = tiny(algorithm=algorithm, workers=2, max_workers=4, servers=2, **kw)
+    settings = server_settings(config, 8, 100)
+    options = dict(end=None, evals=[], checkpoints=[])
 
     def shard(s: int, **more: Any) -> ShardServer:
         server = HeadServer if s == 0 else ShardServer
-        return server(config, s, np.zeros(4, np.float32), **options, **more)
+        return server(np.zeros(4, np.float32), **settings[s], **options, **more)
 
     head, one = shard(0, peers=["shard1"], replicated=True), shard(1)
     standby = shard(0, peers=["shard1"], standby=True)

@@ -8,11 +8,12 @@ from typing import Any
 
 import numpy as np
 from conftest import tiny
-from test_ps_faults import Direct
+from fault_injection import Direct
 
 from dana.ps.head import HeadServer
 from dana.ps.protocol import Method, Push
 from dana.ps.recovery import RelayLog
+from dana.ps.settings import server_settings
 
 
 def push(n: int, size: int = 4) -> list[Push]:
@@ -58,10 +59,10 @@ def test_a_standby_attached_and_promoted_from_a_spilled_log_is_its_head():
     """A head whose log is mostly on disk (a bound of one push) fills a new standby, in
     chunks, and the standby, promoted, equals the head bit for bit."""
     config = tiny(algorithm="dana-slim", workers=2, servers=1, relay_log_bytes=40)
-    options = dict(d=8, batches_per_epoch=100, end=None, evals=[], checkpoints=[])
+    options = dict(server_settings(config, 8, 100)[0], end=None, evals=[], checkpoints=[])
 
     def server(**kw: Any) -> HeadServer:
-        return HeadServer(config.to_dict(), 0, np.zeros(8, np.float32), **options, **kw)
+        return HeadServer(np.zeros(8, np.float32), **options, **kw)
 
     head, standby = server(replicated=True), server(standby=True)
     head.begin(0.0)

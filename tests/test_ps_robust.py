@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_ps_faults as faults
 import torch
 from clirun import start, wait_for, wait_rows
-from conftest import descendants, needs_ray, run_on_ray, tiny
+from conftest import command, descendants, needs_ray, run_on_ray, tiny
+from fault_injection import Faults, check_every_shard, run_with_faults
 
 from dana.errors import EXIT_PREEMPTED, FaultError
 from dana.ps.accounting import check_run
@@ -118,7 +118,7 @@ def test_a_killed_driver_leaves_no_ray_process_behind_and_resumes_from_its_check
     deadline = time.time() + 10
     while time.time() < deadline and any(alive(pid) for pid in before):
         time.sleep(0.2)
-    left = {pid: faults.command(pid) for pid in before if alive(pid)}
+    left = {pid: command(pid) for pid in before if alive(pid)}
     assert not left, left
     assert not (out / "summary.json").exists(), "the run ended before it was killed"
 
@@ -139,8 +139,8 @@ def test_a_killed_driver_leaves_no_ray_process_behind_and_resumes_from_its_check
     assert not problems, problems
 
 
-class Pauses(faults.Faults):
-    """:class:`test_ps_faults.Faults` with pauses: ``"pause:shard:S"``, ``"pause:standby:0"``
+class Pauses(Faults):
+    """:class:`fault_injection.Faults` with pauses: ``"pause:shard:S"``, ``"pause:standby:0"``
     (SIGSTOP, never continued: the driver kills it past the deadline) and
     ``"blink:shard:S"`` (SIGSTOP, SIGCONT ``BLINK`` s later: shorter than the deadline)."""
 
@@ -164,17 +164,6 @@ class Pauses(faults.Faults):
             return
 
 
-def run_with_pauses(config, out: Path, actions: list[tuple[int, str]]) -> tuple[Any, Pauses]:
-    made: dict[str, Pauses] = {}
-
-    def pauses_for(runner: Any) -> Pauses:
-        made["faults"] = Pauses(runner, actions)
-        return made["faults"]
-
-    runner = run_on_ray(config, out, pauses_for)
-    return runner, made["faults"]
-
-
 @pytest.mark.ray
 @needs_ray
 def test_hung_servers_past_the_deadline_are_lost_and_replaced(local_ray, tmp_path):
@@ -187,9 +176,9 @@ def test_hung_servers_past_the_deadline_are_lost_and_replaced(local_ray, tmp_pat
     config = tiny(workers=3, servers=2, epochs=8.0, time_scale=0.002, server_timeout=5.0)
     actions = [(8, "blink:shard:1"), (16, "pause:standby:0"), (40, "pause:shard:1"),
                (64, "pause:shard:0")]  # fmt: skip
-    runner, done = run_with_pauses(config, tmp_path / "run", actions)
+    runner, done = run_with_faults(config, tmp_path / "run", actions, Pauses)
     assert [what for _, what in done.done] == [what for _, what in actions], done.done
-    dist = faults.check_every_shard(runner, steps=8 * 32, resent=True)
+    dist = check_every_shard(runner, steps=8 * 32, resent=True)
     repairs = json.dumps({k: dist[k] for k in ("shards_rebuilt", "promotions", "standbys_rebuilt")})
     print(repairs)
     assert [r["shard"] for r in dist["shards_rebuilt"]] == [1], repairs

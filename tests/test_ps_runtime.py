@@ -27,6 +27,7 @@ from dana.ps.head import HeadServer
 from dana.ps.layout import Layout, shard_bounds
 from dana.ps.log import LogMerger, ShardLog
 from dana.ps.protocol import Push, Status
+from dana.ps.settings import server_settings
 from dana.ps.shard import ShardServer
 from dana.train.config import TrainConfig
 from dana.train.records.progress import Progress
@@ -44,10 +45,13 @@ APPLIED, DUPLICATE, LOCAL = Status.APPLIED, Status.DUPLICATE, Status.LOCAL
 PARAMS, STOP, WAIT = Status.PARAMS, Status.STOP, Status.WAIT
 
 
-def make_server(config: TrainConfig, d: int = 6, **kw: Any) -> HeadServer:
-    options = dict(batches_per_epoch=100, end=None, evals=[], checkpoints=[])
+def make_server(
+    config: TrainConfig, d: int = 6, batches_per_epoch: int = 100, **kw: Any
+) -> HeadServer:
+    options = dict(end=None, evals=[], checkpoints=[])
     options.update(kw)
-    server = HeadServer(config.to_dict(), 0, np.zeros(d, np.float32), d=d, **options)
+    settings = server_settings(config, d, batches_per_epoch)[0]
+    server = HeadServer(np.zeros(d, np.float32), **settings, **options)
     server.begin(time.time())
     return server
 
@@ -244,10 +248,10 @@ def serve_as_the_simulator(
 
     algorithm = config.build_algorithm()
     bounds = Layout(problem.d, servers, 0).bounds
+    settings = server_settings(config, problem.d, 16, algorithm)
     shards = [
         (HeadServer if s == 0 else ShardServer)(
-            config.to_dict(), s, np.zeros(hi - lo), d=problem.d, batches_per_epoch=16,
-            end=None, evals=[], checkpoints=[], algorithm=algorithm)
+            np.zeros(hi - lo), **settings[s], end=None, evals=[], checkpoints=[])
         for s, (lo, hi) in enumerate(bounds)
     ]  # fmt: skip
     rules = [algorithm.worker(1, problem.d, torch.float64) for _ in range(workers)]

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import make_least_squares
+from conftest import make_least_squares, make_simulator
 
 import dana.algorithms as A
 from dana.errors import ConfigError
@@ -30,40 +30,20 @@ PROBLEM = make_least_squares()
 LR = 0.01
 
 
-def simulator(
-    name,
-    k,
-    cluster=None,
-    *,
-    timing="gamma",
-    timing_params=None,
-    bound=None,
-    seed=0,
-    lr=None,
-    batches=None,
-    labels=None,
-    always_clock=False,
-    servers=1,
-    **hparams,
-) -> Simulator:
+def simulator(name, k, cluster=None, *, bound=None, lr=None, **options) -> Simulator:
+    """:func:`conftest.make_simulator` of ``name`` on :data:`PROBLEM` on ``cluster``,
+    staleness bounded by ``bound``, the rate warmed up from 0.2 LR over the first epoch
+    (``lr``: another)."""
     if name in ("easgd", "eamsgd", "dana-easgd"):
-        hparams.setdefault("workers", k)
-    return Simulator(
-        A.build(name, **hparams),
-        torch.zeros(PROBLEM.d, dtype=torch.float64),
-        PROBLEM.gradient,
-        batches or BatchStream(PROBLEM.n, 8, seed=seed),
+        options.setdefault("workers", k)
+    return make_simulator(
+        name,
         k,
+        PROBLEM,
         lr=lr or (lambda epoch: LR * min(1.0, 0.2 + epoch)),
-        timing=timing,
-        timing_params=timing_params,
-        seed=seed,
-        max_staleness=bound,
         cluster=cluster,
-        always_clock=always_clock,
-        servers=servers,
-        labels=labels,
-        weight_decay=0.0,
+        max_staleness=bound,
+        **options,
     )
 
 
@@ -655,3 +635,16 @@ def test_the_documented_cluster_file_runs():
     sim = simulator("dana-slim", 4, cluster, labels=labels)
     sim.run(pushes=50)
     assert sim.sim_time > 0 and len(sim.log) == 50
+
+
+def test_validate_leaves_the_config_as_it_is_and_returns_the_resolved_one():
+    from dana.train.config import TrainConfig
+
+    config = TrainConfig(cluster="geo", workers=4)
+    before = config.to_dict()
+    checked = config.validate()
+    assert config.to_dict() == before and config.cluster == "geo"
+    assert (
+        checked.cluster["name"] == "geo" and checked.timing == checked.cluster["compute"]["model"]
+    )
+    assert checked.validate() == checked  # (a resolved config validates to itself)

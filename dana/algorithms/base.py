@@ -98,10 +98,16 @@ def check_positive(name: str, value: float) -> float:
     return float(value)
 
 
+def check_count(name: str, value: int) -> int:
+    """``value``, an integer >= 1 (workers, a step count, a period), or ValueError naming
+    ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
 def check_workers(workers: int) -> int:
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
-    return workers
+    return check_count("workers", workers)
 
 
 def check_params(params: Tensor) -> Tensor:
@@ -279,6 +285,39 @@ class WorkerRule:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         _load_state_dict(self, state)
+
+
+class LocalStepWorkers(WorkerRule):
+    """Workers with parameters ``x_i`` of their own that take local steps (EASGD's, Zhang
+    et al., NIPS 2015; asynchronous Local-SGD's, Liu et al. 2024): a worker whose step counter ``t_i`` is 0 starts again from what it pulls;
+    :attr:`pulled` keeps the parameters it read at its last pull (EASGD's center, the
+    start of a Local SGD cycle); a step takes the rate of :meth:`set_lr` (:meth:`step_lr`)."""
+
+    local_steps = True
+
+    def __init__(self, workers: int, d: int, dtype: torch.dtype = torch.float32):
+        super().__init__(workers, d, dtype)
+        self.x = per_worker_zeros(workers, d, dtype)
+        self.t = torch.zeros(workers, dtype=torch.int64)  # local steps taken
+        self.lr: float | None = None  # set by the runner before every message
+        self.pulled: Tensor | None = None
+
+    def set_lr(self, lr: float) -> None:
+        self.lr = float(lr)
+
+    def compute_at(self, worker: int, pulled: Tensor) -> Tensor:
+        if int(self.t[worker]) == 0:
+            self.x[worker].copy_(pulled)
+        self.pulled = pulled
+        return self.x[worker]
+
+    def step_lr(self) -> float:
+        """The rate of the step in hand; RuntimeError when the runner has set none."""
+        if self.lr is None:
+            raise RuntimeError(
+                "the runner must call set_lr(lr) before message(): local steps need it"
+            )
+        return self.lr
 
 
 @dataclass(frozen=True, kw_only=True)

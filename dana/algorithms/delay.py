@@ -141,15 +141,26 @@ class DelayAdaptiveMaster(CountsUpdates, MasterRule):
 
 
 @dataclass(frozen=True, kw_only=True)
-class DelayAdaptiveAsgd(Algorithm):
-    """ASGD with the step ``lr*min(1, C/s)`` for a push of delay ``s``."""
-
-    name = "delay-adaptive-asgd"
-    summary = "ASGD with step lr*min(1, C/delay), C the concurrency (default k)"
-    master_rule = DelayAdaptiveMaster
+class DelayAdaptive:
+    """The hyper-parameter of a delay-adaptive rate ``lr*min(1, C/s)``: the concurrency
+    ``C`` (None: ``k``), an integer >= 1. A base of the algorithms that take it, before
+    their :class:`~dana.algorithms.base.Algorithm` base (its field comes last)."""
 
     concurrency: int | None = None  # None: k
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_threshold("concurrency", self.concurrency)
+
+    def concurrency_for(self, workers: int) -> int:
+        """``C`` in a run of ``workers`` workers."""
+        return workers if self.concurrency is None else self.concurrency
+
+
+@dataclass(frozen=True, kw_only=True)
+class DelayAdaptiveAsgd(DelayAdaptive, Algorithm):
+    """ASGD with the step ``lr*min(1, C/s)`` for a push of delay ``s``."""
+
+    name = "delay-adaptive-asgd"
+    summary = "ASGD with step lr*min(1, C/delay), C the concurrency (default k)"
+    master_rule = DelayAdaptiveMaster

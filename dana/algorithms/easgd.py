@@ -57,9 +57,11 @@ from torch import Tensor
 
 from dana.algorithms.base import (
     Algorithm,
+    LocalStepWorkers,
     MasterRule,
     MomentumAlgorithm,
     WorkerRule,
+    check_count,
     check_nonnegative,
     check_workers,
     per_worker_zeros,
@@ -76,51 +78,35 @@ class ElasticMaster(MasterRule):
         return True
 
 
-class ElasticWorkers(WorkerRule):
+class ElasticWorkers(LocalStepWorkers):
     """EASGD's and EAMSGD's workers (Zhang et al., NIPS 2015): parameters of their own
     (the look-ahead ``x_i + m*v_i`` with momentum), local steps, and every ``tau``
-    steps the elastic difference ``e = alpha*(x_i - c~)`` as the message."""
+    steps the elastic difference ``e = alpha*(x_i - c~)`` as the message. ``x`` holds
+    ``x_i + m*v_i`` (``x_i`` when ``m = 0``), ``pulled`` the center ``c~`` of the last pull."""
 
     state_keys = ("x", "v", "t")
-    local_steps = True
 
     def __init__(
         self, workers: int, d: int, dtype: torch.dtype, tau: int, alpha: float, momentum: float
     ):
         super().__init__(workers, d, dtype)
         self.tau, self.alpha, self.momentum = tau, alpha, momentum
-        self.x = per_worker_zeros(workers, d, dtype)  # x_i + m*v_i (x_i when m = 0)
         self.v = per_worker_zeros(workers, d, dtype) if momentum > 0 else None
-        self.t = torch.zeros(workers, dtype=torch.int64)  # local steps taken
-        self.lr: float | None = None  # set by the runner before every message
-        self._center: Tensor | None = None  # the center read at the last pull
         self._e = torch.empty(d, dtype=dtype)  # message buffer, reused
 
-    def set_lr(self, lr: float) -> None:
-        self.lr = float(lr)
-
-    def compute_at(self, worker: int, pulled: Tensor) -> Tensor:
-        if int(self.t[worker]) == 0:
-            self.x[worker].copy_(pulled)
-        self._center = pulled
-        return self.x[worker]
-
     def message(self, worker: int, grad: Tensor) -> Tensor | None:
-        if self.lr is None:
-            raise RuntimeError(
-                "the runner must call set_lr(lr) before message(): local steps need it"
-            )
+        lr = self.step_lr()
         t = int(self.t[worker])
         self.t[worker] = t + 1
         x, m = self.x[worker], self.momentum
         e = None
         if t % self.tau == 0:  # e = alpha*(x_i - c~), x_i before this step
-            e = torch.sub(x, self._center, out=self._e)
+            e = torch.sub(x, self.pulled, out=self._e)
             if self.v is not None:
                 e.add_(self.v[worker], alpha=-m)
             e.mul_(self.alpha)
         if self.v is None:
-            x.add_(grad, alpha=-self.lr)
+            x.add_(grad, alpha=-lr)
             if e is not None:
                 x.sub_(e)
             return e
@@ -129,7 +115,7 @@ class ElasticWorkers(WorkerRule):
         x.add_(v, alpha=-m)
         if e is not None:
             x.sub_(e)
-        momentum_update(v, grad, m, -self.lr)
+        momentum_update(v, grad, m, -lr)
         x.add_(v, alpha=1 + m)
         return e
 
@@ -141,12 +127,6 @@ class ElasticWorkers(WorkerRule):
         if self.v is not None:
             self.v[worker].zero_()
         self.t[worker] = 0
-
-
-def check_tau(tau: int) -> int:
-    if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
-        raise ValueError(f"tau must be an integer >= 1, got {tau!r}")
-    return tau
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,7 +143,7 @@ class ElasticAlgorithm(Algorithm):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._set(tau=check_tau(self.tau), beta=check_nonnegative("beta", self.beta))
+        self._set(tau=check_count("tau", self.tau), beta=check_nonnegative("beta", self.beta))
         if self.alpha is not None:
             alpha = check_nonnegative("alpha", self.alpha)
             if alpha > 1:

@@ -81,9 +81,10 @@ import torch
 from torch import Tensor
 
 from dana.algorithms.base import (
+    LocalStepWorkers,
     MasterRule,
     MomentumAlgorithm,
-    WorkerRule,
+    check_count,
     check_decay,
     check_nonnegative,
     check_positive,
@@ -103,16 +104,16 @@ DN_RATE_PER_PUSH = 0.05
 INNER = ("sgd", "adamw")
 
 
-class LocalWorkers(WorkerRule):
+class LocalWorkers(LocalStepWorkers):
     """Asynchronous Local-SGD's workers (Liu et al. 2024; DiLoCo, Douillard et al. 2023):
     from the parameters ``p`` of each pull, ``H`` steps of the inner optimizer on the
     worker's own ``x_i`` (SGD with momentum, ``u_i = m*u_i + g; x_i -= lr*u_i``:
     :func:`~dana.algorithms.functional.momentum_step`; or AdamW), then the outer gradient
     ``Delta = p - x_i`` as the message; the ``H - 1`` steps before it are local steps.
-    ``dynamic``: ``H_i = max(1, floor(H*s_i))`` for relative speed ``s_i`` (DyLU)."""
+    ``dynamic``: ``H_i = max(1, floor(H*s_i))`` for relative speed ``s_i`` (DyLU). ``t_i``
+    counts the local steps of the cycle, ``pulled`` is the ``p`` it started from."""
 
     state_keys = ("x", "u", "s", "t", "n")
-    local_steps = True
 
     def __init__(
         self,
@@ -134,17 +135,10 @@ class LocalWorkers(WorkerRule):
         self.steps = [H] * workers
         self.beta2, self.eps, self.inner_decay = beta2, eps, inner_decay
         adam = inner == "adamw"
-        self.x = per_worker_zeros(workers, d, dtype)
         self.u = per_worker_zeros(workers, d, dtype) if adam or momentum > 0 else None
         self.s = per_worker_zeros(workers, d, dtype) if adam else None
-        self.t = torch.zeros(workers, dtype=torch.int64)  # local steps in this cycle
         self.n = torch.zeros(workers, dtype=torch.int64)  # steps ever (Adam's bias correction)
-        self.lr: float | None = None
-        self._start: Tensor | None = None  # the parameters pulled for this cycle
         self._scratch = torch.empty(d, dtype=dtype) if adam else None
-
-    def set_lr(self, lr: float) -> None:
-        self.lr = float(lr)
 
     def set_speed(self, worker: int, speed: float) -> None:
         """Dynamic Local Updates: ``H_i = max(1, floor(H*s_i))`` for relative speed ``s_i``."""
@@ -156,18 +150,8 @@ class LocalWorkers(WorkerRule):
         if self.dynamic:
             self.steps[worker] = dynamic_local_steps(self.H, speed)
 
-    def compute_at(self, worker: int, pulled: Tensor) -> Tensor:
-        if int(self.t[worker]) == 0:
-            self.x[worker].copy_(pulled)
-        self._start = pulled
-        return self.x[worker]
-
     def message(self, worker: int, grad: Tensor) -> Tensor | None:
-        if self.lr is None:
-            raise RuntimeError(
-                "the runner must call set_lr(lr) before message(): local steps need it"
-            )
-        x, lr = self.x[worker], self.lr
+        x, lr = self.x[worker], self.step_lr()
         if self.inner_decay:
             x.mul_(1.0 - lr * self.inner_decay)
         if self.inner == "adamw":
@@ -180,7 +164,7 @@ class LocalWorkers(WorkerRule):
             self.t[worker] = t
             return None
         self.t[worker] = 0
-        return torch.sub(self._start, x, out=grad)  # the outer gradient, over grad
+        return torch.sub(self.pulled, x, out=grad)  # the outer gradient, over grad
 
     def leave(self, worker: int) -> None:
         """The departed worker's copy ``x_i``, inner optimizer state and counters are
@@ -329,12 +313,6 @@ def dynamic_local_steps(H: int, speed: float) -> int:
     return max(1, math.floor(H * speed + 1e-9))
 
 
-def check_local_steps(H: int) -> int:
-    if isinstance(H, bool) or not isinstance(H, int) or H < 1:
-        raise ValueError(f"local_steps must be an integer >= 1, got {H!r}")
-    return H
-
-
 @dataclass(frozen=True, kw_only=True)
 class LocalAlgorithm(MomentumAlgorithm):
     """The hyper-parameters of every outer rule: the inner optimizer's and ``outer_lr``.
@@ -357,7 +335,7 @@ class LocalAlgorithm(MomentumAlgorithm):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_local_steps(self.local_steps)
+        check_count("local_steps", self.local_steps)
         if not isinstance(self.dynamic_steps, bool):
             raise ValueError(f"dynamic_steps must be true or false, got {self.dynamic_steps!r}")
         if self.inner not in INNER:

@@ -48,7 +48,12 @@ import torch
 from torch import Tensor
 
 from dana.algorithms.base import MasterRule, MomentumAlgorithm
-from dana.algorithms.delay import CountsUpdates, check_threshold, delay_adaptive_scale
+from dana.algorithms.delay import (
+    CountsUpdates,
+    DelayAdaptive,
+    check_threshold,
+    delay_adaptive_scale,
+)
 
 
 class OrMoMaster(CountsUpdates, MasterRule):
@@ -116,20 +121,14 @@ class OrMo(MomentumAlgorithm):
 
 
 @dataclass(frozen=True, kw_only=True)
-class OrMoDa(OrMo):
+class OrMoDa(DelayAdaptive, OrMo):
     """OrMo with the delay-adaptive rate ``lr*min(1, C/tau)``."""
 
     name = "ormo-da"
     summary = "OrMo with the delay-adaptive rate lr*min(1, C/delay), C default k"
 
-    concurrency: int | None = None  # None: k
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_threshold("concurrency", self.concurrency)
-
     def master(self, params: Tensor, workers: int) -> MasterRule:
-        c = workers if self.concurrency is None else self.concurrency
+        c = self.concurrency_for(workers)
         return OrMoMaster(params, workers, self.momentum, self.group, concurrency=c)
 
 
@@ -146,19 +145,13 @@ class OrMoPush(MomentumAlgorithm):
 
 
 @dataclass(frozen=True, kw_only=True)
-class OrMoDaPush(MomentumAlgorithm):
+class OrMoDaPush(DelayAdaptive, MomentumAlgorithm):
     """``ormo-push`` with the delay-adaptive rate ``lr*min(1, C/s)``."""
 
     name = "ormo-da-push"
     summary = "ormo-push with the delay-adaptive rate lr*min(1, C/delay), C default k"
     master_rule = OrMoMaster
 
-    concurrency: int | None = None  # None: k
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_threshold("concurrency", self.concurrency)
-
     def master(self, params: Tensor, workers: int) -> MasterRule:
-        c = workers if self.concurrency is None else self.concurrency
+        c = self.concurrency_for(workers)
         return OrMoMaster(params, workers, self.momentum, group=1, concurrency=c)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from dana.atomic import write_atomic
+from dana.data.rawfile import read_nonempty
 from dana.errors import DataError
 
 __all__ = [
@@ -87,12 +88,7 @@ def read_cifar_file(
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read: {e.strerror or e}") from e
-    if not raw:
-        raise DataError(f"{path}: empty file")
+    raw = read_nonempty(path)
     record = label_bytes + IMAGE_BYTES
     if len(raw) % record:
         raise DataError(

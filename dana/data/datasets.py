@@ -1,6 +1,6 @@
 """Load a dataset by name into memory, normalised, as a :class:`Dataset`.
 
-Names (:data:`DATASETS`):
+Names (:data:`DATASETS`, a registry: :func:`register_dataset` adds one):
 
 - ``fashion-mnist``: the four IDX files in ``data_dir``, by default
   :data:`DEFAULT_FASHION_DIR` (Debian package ``dataset-fashion-mnist``);
@@ -23,6 +23,7 @@ standard deviation of the training images used; labels are int64. Text becomes i
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,8 @@ from dana.errors import ConfigError, DataError
 
 __all__ = [
     "DATASETS",
+    "DatasetEntry",
+    "register_dataset",
     "DEFAULT_FASHION_DIR",
     "IDX_FILES",
     "Dataset",
@@ -43,16 +46,6 @@ __all__ = [
     "load_dataset",
 ]
 
-DATASETS = (
-    "fashion-mnist",
-    "mnist",
-    "cifar10",
-    "cifar100",
-    "synthetic",
-    "folder",
-    "tensors",
-    "text",
-)
 DEFAULT_FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 # (train images, train labels, test images, test labels); each may also lack ".gz".
 IDX_FILES = (
@@ -61,7 +54,6 @@ IDX_FILES = (
     "t10k-images-idx3-ubyte.gz",
     "t10k-labels-idx1-ubyte.gz",
 )
-_NUM_CLASSES = {"fashion-mnist": 10, "mnist": 10, "cifar10": 10, "cifar100": 100, "synthetic": 10}
 _FASHION_HINT = (
     "install it with `apt-get install dataset-fashion-mnist` or pass --data-dir DIR "
     "holding the four IDX files"
@@ -176,8 +168,8 @@ def _load_idx(name: str, data_dir: str | os.PathLike[str] | None) -> Splits:
             raise ConfigError(f"dataset {name!r} needs --data-dir DIR holding the four IDX files")
         data_dir = DEFAULT_FASHION_DIR
     paths = _find_idx_files(name, Path(data_dir), default_dir)
-    train_x, train_y = _read_idx_pair(paths[0], paths[1], _NUM_CLASSES[name])
-    test_x, test_y = _read_idx_pair(paths[2], paths[3], _NUM_CLASSES[name])
+    train_x, train_y = _read_idx_pair(paths[0], paths[1], 10)
+    test_x, test_y = _read_idx_pair(paths[2], paths[3], 10)
     if test_x.shape[1:] != train_x.shape[1:]:
         raise DataError(
             f"{paths[2]}: test images are {tuple(test_x.shape[2:])}, "
@@ -246,6 +238,106 @@ def _normalise(
     return train, test, (tuple((mean / scale).tolist()), tuple((std / scale).tolist()))
 
 
+@dataclass(frozen=True)
+class Request:
+    """What a reader is asked for (``load_dataset``'s arguments)."""
+
+    name: str
+    data_dir: str | os.PathLike[str] | None
+    seed: int
+    train_size: int | None
+    test_size: int | None
+    seq_len: int | None
+    augment: bool | None
+
+
+#: A reader: ``(train_x, train_y, test_x, test_y, num_classes)`` of a request.
+Reader = Callable[[Request], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]]
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """A dataset by name: its reader; ``kind`` (``images`` or ``tokens``); whether
+    ``--augment`` is on by default; whether it reads files (``--data-dir``)."""
+
+    read: Reader
+    kind: str = "images"
+    augment: bool = False
+    reads_files: bool = True
+
+
+def _idx(request: Request):
+    return (*_load_idx(request.name, request.data_dir), 10)
+
+
+def _synthetic(request: Request):
+    train_size, test_size = request.train_size or 2000, request.test_size or 500
+    _check_synthetic_fits(train_size, test_size)
+    return (*make_synthetic(request.seed, train_size=train_size, test_size=test_size), 10)
+
+
+def _cifar(request: Request):
+    ten = request.name == "cifar10"
+    if request.data_dir is None:
+        folder = "cifar-10-batches-bin" if ten else "cifar-100-binary"
+        raise ConfigError(
+            f"dataset {request.name!r} needs --data-dir DIR: the {folder} folder of the "
+            "official binary version, or its parent"
+        )
+    return (*(read_cifar10 if ten else read_cifar100)(request.data_dir), 10 if ten else 100)
+
+
+def _folder(request: Request):
+    from dana.data.folder import read_image_folder
+
+    *splits, classes = read_image_folder(request.data_dir)
+    return (*splits, len(classes))
+
+
+def _tensors(request: Request):
+    from dana.data.tensors import read_tensors
+
+    return read_tensors(request.data_dir)
+
+
+def _text(request: Request):
+    from dana.data.text import VOCAB, read_text
+
+    _check_size("seq_len", request.seq_len)
+    if request.augment:
+        raise ConfigError("--augment flips and crops images; --dataset text has none")
+    return (*read_text(request.data_dir, request.seq_len or 64), VOCAB)
+
+
+#: The datasets by name (:func:`register_dataset` adds one).
+DATASETS: dict[str, DatasetEntry] = {
+    "fashion-mnist": DatasetEntry(_idx),
+    "mnist": DatasetEntry(_idx),
+    "cifar10": DatasetEntry(_cifar, augment=True),
+    "cifar100": DatasetEntry(_cifar, augment=True),
+    "synthetic": DatasetEntry(_synthetic, reads_files=False),
+    "folder": DatasetEntry(_folder),
+    "tensors": DatasetEntry(_tensors),
+    "text": DatasetEntry(_text, kind="tokens"),
+}
+
+
+def register_dataset(name: str, entry: DatasetEntry) -> DatasetEntry:
+    """Add a dataset under ``name`` (``--dataset name``)."""
+    name = name.strip().lower()
+    if name in DATASETS and DATASETS[name] != entry:
+        raise ValueError(f"a dataset named {name!r} is already registered")
+    DATASETS[name] = entry
+    return entry
+
+
+def reads_files(name: str) -> bool:
+    """Whether dataset ``name`` reads files (``--data-dir``); an unknown name is refused
+    where it is loaded."""
+    entry = DATASETS.get(name.strip().lower())
+    return entry is None or entry.reads_files
+
+
 def load_dataset(
     name: str,
     data_dir: str | os.PathLike[str] | None = None,
@@ -261,8 +353,8 @@ def load_dataset(
     ``train_size`` / ``test_size`` keep the first n examples (for quick runs; for
     ``synthetic`` they set how many are generated: defaults 2000 and 500; for ``text``,
     sequences of ``seq_len`` tokens, default 64).
-    ``seed`` only matters for ``synthetic``. ``augment`` defaults to True for
-    CIFAR and False otherwise. Raises :class:`ConfigError` for a bad name or size
+    ``seed`` only matters for ``synthetic``. ``augment`` defaults to the dataset's
+    (True for CIFAR). Raises :class:`ConfigError` for a bad name or size
     and :class:`DataError` for missing or corrupt files.
 
     >>> ds = load_dataset("synthetic", train_size=1000)
@@ -270,44 +362,13 @@ def load_dataset(
     (1000, 500, 1, 16, 10)
     """
     name = name.strip().lower()
-    num_classes = _NUM_CLASSES.get(name, 0)  # (folder, tensors: from the data)
     if name not in DATASETS:
         raise ConfigError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
+    entry = DATASETS[name]
     _check_size("train_size", train_size)
     _check_size("test_size", test_size)
-    if name == "synthetic":
-        _check_synthetic_fits(train_size or 2000, test_size or 500)
-        train_x, train_y, test_x, test_y = make_synthetic(
-            seed, train_size=train_size or 2000, test_size=test_size or 500
-        )
-    elif name in ("cifar10", "cifar100"):
-        if data_dir is None:
-            folder = "cifar-10-batches-bin" if name == "cifar10" else "cifar-100-binary"
-            raise ConfigError(
-                f"dataset {name!r} needs --data-dir DIR: the {folder} folder of the official "
-                "binary version, or its parent"
-            )
-        reader = read_cifar10 if name == "cifar10" else read_cifar100
-        train_x, train_y, test_x, test_y = reader(data_dir)
-    elif name == "folder":
-        from dana.data.folder import read_image_folder
-
-        train_x, train_y, test_x, test_y, classes = read_image_folder(data_dir)
-        num_classes = len(classes)
-    elif name == "tensors":
-        from dana.data.tensors import read_tensors
-
-        train_x, train_y, test_x, test_y, num_classes = read_tensors(data_dir)
-    elif name == "text":
-        from dana.data.text import VOCAB, read_text
-
-        _check_size("seq_len", seq_len)
-        if augment:
-            raise ConfigError("--augment flips and crops images; --dataset text has none")
-        train_x, train_y, test_x, test_y = read_text(data_dir, seq_len or 64)
-        num_classes = VOCAB
-    else:
-        train_x, train_y, test_x, test_y = _load_idx(name, data_dir)
+    request = Request(name, data_dir, seed, train_size, test_size, seq_len, augment)
+    train_x, train_y, test_x, test_y, num_classes = entry.read(request)
     _check_size("train_size", train_size, train_x.shape[0])
     _check_size("test_size", test_size, test_x.shape[0])
     train_x, train_y = train_x[:train_size], train_y[:train_size].clone()
@@ -318,7 +379,7 @@ def load_dataset(
                 f"{name}: the {split} set is empty (0 examples{f' in {data_dir}' if data_dir else ''}); "
                 "give a --data-dir whose files hold examples"
             )
-    if name == "text":
+    if entry.kind == "tokens":
         return Dataset(name, train_x, train_y, test_x, test_y, num_classes, False, kind="tokens")
     train_x, test_x, (mean, std) = _normalise(train_x, test_x)
     return Dataset(
@@ -328,7 +389,7 @@ def load_dataset(
         test_x=test_x,
         test_y=test_y,
         num_classes=num_classes,
-        augment=name.startswith("cifar") if augment is None else bool(augment),
+        augment=entry.augment if augment is None else bool(augment),
         mean=mean,
         std=std,
     )

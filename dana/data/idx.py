@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from dana.atomic import write_atomic
+from dana.data.rawfile import read_nonempty
 from dana.errors import DataError
 
 __all__ = ["read_idx", "write_idx"]
@@ -52,12 +53,7 @@ def _read_bytes(path: Path) -> bytes:
         raise DataError(f"{path}: file not found")
     if not path.is_file():
         raise DataError(f"{path}: not a regular file")
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read: {e.strerror or e}") from e
-    if not raw:
-        raise DataError(f"{path}: empty file")
+    raw = read_nonempty(path)
     is_gzip = raw[:2] == _GZIP_SIGNATURE
     if path.suffix == ".gz" and not is_gzip:
         raise DataError(f"{path}: not a gzip file (name ends in .gz but no gzip signature)")

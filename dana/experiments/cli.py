@@ -54,6 +54,28 @@ def _target(text: str) -> float:
 
 
 # -- dana sweep ---------------------------------------------------------------------------
+#: The grid's axes given as lists: (option, dest, item type, metavar, help).
+GRID_LISTS = [
+    ("--algorithms", "grid_algorithm", str, "A,B", "algorithms, e.g. ssgd,nag-asgd,dana-slim"),
+    (
+        "--workers",
+        "grid_workers",
+        int,
+        "K,K",
+        "worker counts, e.g. 1,4,16 (1: the one-worker baseline)",
+    ),
+    ("--seeds", "grid_seed", int, "S,S", "seeds, e.g. 0,1"),
+    (
+        "--clusters",
+        "grid_cluster",
+        str,
+        "C,C",
+        "clusters (presets or files), e.g. datacenter,cloud,geo: a grid axis; the "
+        "report ranks the methods on each",
+    ),
+]
+
+
 def add_sweep_parser(sub) -> None:
     p = sub.add_parser(
         "sweep",
@@ -77,39 +99,10 @@ def add_sweep_parser(sub) -> None:
         help="YAML sweep file: a `grid:` section (option: [values]), `baseline:`, and any "
         "`dana train` option as a fixed setting",
     )
-    grid.add_argument(
-        "--algorithms",
-        dest="grid_algorithm",
-        type=_list_of(str),
-        default=S,
-        metavar="A,B",
-        help="algorithms, e.g. ssgd,nag-asgd,dana-slim",
-    )
-    grid.add_argument(
-        "--workers",
-        dest="grid_workers",
-        type=_list_of(int),
-        default=S,
-        metavar="K,K",
-        help="worker counts, e.g. 1,4,16 (1: the one-worker baseline)",
-    )
-    grid.add_argument(
-        "--seeds",
-        dest="grid_seed",
-        type=_list_of(int),
-        default=S,
-        metavar="S,S",
-        help="seeds, e.g. 0,1",
-    )
-    grid.add_argument(
-        "--clusters",
-        dest="grid_cluster",
-        type=_list_of(str),
-        default=S,
-        metavar="C,C",
-        help="clusters (presets or files), e.g. datacenter,cloud,geo: a grid axis; the "
-        "report ranks the methods on each",
-    )
+    for flag, dest, item, metavar, help_ in GRID_LISTS:
+        grid.add_argument(
+            flag, dest=dest, type=_list_of(item), default=S, metavar=metavar, help=help_
+        )
     grid.add_argument(
         "--grid",
         dest="grid_extra",

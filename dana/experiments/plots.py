@@ -191,12 +191,18 @@ def plot_error_curves(results: Results, path: Path) -> Path:
         axes.flat[0].set_ylim(low - 0.05 * (high - low), ceiling)
     for ax in axes.flat[: len(ks)]:
         _perplexity_axis(ax, results.metric)
-    for ax in list(axes.flat)[len(ks) :]:
+    _finish_grid(fig, axes, len(ks))
+    return _save(fig, path)
+
+
+def _finish_grid(fig, axes, used: int) -> None:
+    """A grid of panels made whole: the panels past the first ``used`` hidden, and one
+    legend for all, right of the grid (each label once)."""
+    for ax in list(axes.flat)[used:]:
         ax.axis("off")
     fig.tight_layout()
     handles, labels = _legend_entries(axes)
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    return _save(fig, path)
 
 
 def _legend_entries(axes) -> tuple[list, list]:
@@ -566,11 +572,7 @@ def error_vs_time_figure(views: dict[str, tuple[Results, list[Target]]]):
         ax.set(title=title, xlabel="simulated time (s, log scale)", ylabel=ylabel)
         ax.set_xscale("log")
         ax.grid(alpha=0.3, which="both")
-    for ax in list(axes.flat)[len(cells) :]:
-        ax.axis("off")
-    fig.tight_layout()
-    handles, labels = _legend_entries(axes)
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    _finish_grid(fig, axes, len(cells))
     return fig
 
 
@@ -605,11 +607,7 @@ def class_shares_figure(panels: dict[str, Results]):
         ax.axhline(0.0, color="k", lw=0.8)
         ax.set(title=label or "all runs", xlabel="class", ylabel="applied share - data share (pp)")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
-    fig.tight_layout()
-    handles, labels = _legend_entries(axes)
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    _finish_grid(fig, axes, len(panels))
     return fig
 
 

@@ -6,13 +6,14 @@
   parameters), with its records (:mod:`dana.ps.records`) and snapshots for evaluations
   and checkpoints (:mod:`dana.ps.snapshots`);
 - :mod:`dana.ps.head`: shard 0, the head: the staleness gate, the relay to its standby
-  and the other shards (:mod:`dana.ps.relay`), the standby (a head in waiting);
+  and the other shards (:mod:`dana.ps.relay`), the standby (a head in waiting); its
+  roles (head, standby, deposed) and their transitions in :mod:`dana.ps.roles`;
 - :mod:`dana.ps.worker`, :mod:`dana.ps.link`: a worker (model replica, its own data
   stream, a worker rule) and its calls to the head;
 - :mod:`dana.ps.driver`: ``dana train --backend ray``'s driver (:class:`RayRun`), with
   its shard group (:mod:`dana.ps.group`: starting, watching, promoting and rebuilding
-  the servers; :mod:`dana.ps.standby`: the head's standby) and its evaluation and
-  checkpoint points (:mod:`dana.ps.points`);
+  the servers, each built from :mod:`dana.ps.settings`; :mod:`dana.ps.standby`: the
+  head's standby) and its evaluation and checkpoint points (:mod:`dana.ps.points`);
 - :mod:`dana.ps.recovery`: rebuilding a lost shard from a snapshot and shard 0's log;
 - :mod:`dana.ps.membership`: workers that leave for good and workers added while the
   run goes on (the driver's side; the servers' is the relayed ``relay_member`` call);

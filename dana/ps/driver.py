@@ -68,11 +68,11 @@ from dana.ps.cluster import (
     worker_gpus,
     worker_options,
 )
-from dana.ps.group import POLL_SECONDS, ServerArgs, ShardGroup
-from dana.ps.layout import Layout
+from dana.ps.group import POLL_SECONDS, ShardGroup
 from dana.ps.log import LogMerger
 from dana.ps.membership import Membership, write_members
 from dana.ps.points import Points
+from dana.ps.settings import server_args
 from dana.ps.worker import Worker
 from dana.train.cluster.timing import write_trace
 from dana.train.config import TrainConfig
@@ -260,30 +260,23 @@ class RayRun:
         """Start the servers (:class:`~dana.ps.group.ShardGroup`) and the workers, and
         wait for them: the servers first (a worker looks for shard 0, or its standby,
         as it starts)."""
-        ray, config = self.ray, self.config.to_dict()
-        layout = Layout(self.d, self.S, self.config.seed)
-        initial = self.problem.initial_params().cpu().numpy()
+        ray = self.ray
         self.cpus = cpus = placement(ray, self.actors)
         # What a shard is built from: again when a lost one is rebuilt (dana.ps.recovery)
-        server_args: list[ServerArgs] = [
-            (
-                (config, s, initial[lo:hi]),
-                dict(
-                    d=self.d,
-                    batches_per_epoch=self.batches_per_epoch,
-                    end=None if self.synchronous else self.end,
-                    evals=sorted(self.points.evals),
-                    checkpoints=sorted(self.points.checkpoints),
-                    state=None if self.saved_servers is None else self.saved_servers[s],
-                    algorithm=self.algorithm,
-                ),
-            )
-            for s, (lo, hi) in enumerate(layout.bounds)
-        ]
+        built_from = server_args(
+            self.config,
+            self.algorithm,
+            self.problem.initial_params().cpu().numpy(),
+            self.batches_per_epoch,
+            end=None if self.synchronous else self.end,
+            evals=self.points.evals,
+            checkpoints=self.points.checkpoints,
+            states=self.saved_servers,
+        )
         self.shards = ShardGroup(
             ray,
             self.run,
-            server_args,
+            built_from,
             standby=self.with_standby,
             cpus=cpus,
             workers=self.k,

@@ -29,21 +29,20 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import Any, NoReturn
 
 from dana.errors import DanaError, FaultError
 from dana.ps.accounting import ServerCounters
 from dana.ps.cluster import READY_SECONDS, ServerLost, server_options
 from dana.ps.head import HeadServer
+from dana.ps.settings import ServerArgs
 from dana.ps.shard import ShardServer
 from dana.ps.standby import Standby
 from dana.train.records.rundir import RunDir
 
 #: Seconds between two looks of the driver at the servers.
 POLL_SECONDS = 0.2
-
-#: What a server is built from: its positional and keyword arguments.
-ServerArgs = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 class ShardGroup:
@@ -81,9 +80,11 @@ class ShardGroup:
         self.prefix = f"dana-{uuid.uuid4().hex[:12]}"
         self.names = [f"{self.prefix}-shard{s}" for s in range(self.S)]
         self.servers: list[Any] = []
-        self.spare = Standby(self)
-        self.clock_zero: float | None = None  # the servers' clocks (begin)
-        self.recovery: list[dict[str, Any] | None] = [None] * self.S  # latest snapshots
+        self.fail = partial(unsurvivable, run)  # (raises FaultError)
+        self.spare = Standby(
+            ray, self._standby, lambda: self.servers[0], self.reply, self.fail, steps_now
+        )
+        self.recovery: dict[int, dict[str, Any]] = {}  # shard s >= 1's latest snapshot
         self.placement: dict[str, dict[str, str]] = {}  # actor -> its node
         self.rebuilt: list[dict[str, Any]] = []  # one record per shard rebuilt
 
@@ -91,11 +92,6 @@ class ShardGroup:
     def standby(self) -> Any:
         """The standby's actor (None: none, or a new one is starting)."""
         return self.spare.actor
-
-    @property
-    def actors(self) -> int:
-        """The servers' actors: ``S`` shards and the head's standby (if any)."""
-        return self.S + int(self.with_standby)
 
     # -- starting -----------------------------------------------------------------------
     def create(self) -> None:
@@ -105,19 +101,9 @@ class ShardGroup:
         # Shard 0 orders the run and keeps the log to rebuild the others: on the driver's
         # node, whose loss would end the run anyway.
         node = self.ray.get_runtime_context().get_node_id()
-        here = NodeAffinitySchedulingStrategy(node, soft=True)
-        args, kwargs = self.server_args[0]
-        head = self.ray.remote(HeadServer).options(
-            name=self.names[0], **{**server_options(self.cpus), "scheduling_strategy": here}
-        )
-        peers = self.names[1:] or None
-        self.servers = [head.remote(*args, **kwargs, peers=peers, replicated=self.with_standby)]
-        for s in range(1, self.S):
-            args, kwargs = self.server_args[s]
-            shard = self.ray.remote(ShardServer).options(
-                name=self.names[s], **server_options(self.cpus)
-            )
-            self.servers.append(shard.remote(*args, **kwargs))
+        here = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)}
+        self.servers = [self._actor(0, self.names[0], here, replicated=self.with_standby)]
+        self.servers += [self._actor(s, self.names[s]) for s in range(1, self.S)]
         if self.with_standby:
             self.spare.start()
 
@@ -148,8 +134,9 @@ class ShardGroup:
         done, _ = ray.wait(list(ready.values()), num_returns=len(ready), timeout=timeout)
         if len(done) < len(ready):
             raise DanaError(
-                f"the run's {self.actors + self.workers} Ray actors ({self.S} server shards"
-                f"{' and a standby' if self.with_standby else ''}, {self.workers} workers, "
+                f"the run's {self.S + int(self.with_standby) + self.workers} Ray actors "
+                f"({self.S} server shards{' and a standby' if self.with_standby else ''}, "
+                f"{self.workers} workers, "
                 f"{self.cpus:.3g} CPU each) did not all start within {READY_SECONDS:g} s; "
                 f"the cluster has {ray.available_resources()} free of "
                 f"{ray.cluster_resources()}: free CPUs (other jobs may hold them) or use "
@@ -171,7 +158,7 @@ class ShardGroup:
         """Start every server's clock (log times count from ``clock_zero``); a server lost
         meanwhile is handled as at the start (:meth:`_lost_at_start`), and the others
         are started again (a second ``begin`` changes nothing)."""
-        self.clock_zero = clock_zero
+        self.spare.clock_zero = clock_zero
         while True:
             actors = {f"shard{s}": server for s, server in enumerate(self.servers)}
             if self.standby is not None:
@@ -210,17 +197,15 @@ class ShardGroup:
             self.placement.pop(name, None)
         others = [name for name in lost if name not in ("shard0", "standby")]
         if others:
-            self.unsurvivable(
-                f"parameter-server shard {others[0][5:]} was lost while the run started"
-            )
+            self.fail(f"parameter-server shard {others[0][5:]} was lost while the run started")
         if "shard0" in lost:
             if not self.with_standby:
-                self.unsurvivable(
+                self.fail(
                     "shard 0 was lost while the run started, and this run has no standby "
                     "(--no-standby)"
                 )
             if "standby" in lost:
-                self.unsurvivable("shard 0 and its standby were both lost while the run started")
+                self.fail("shard 0 and its standby were both lost while the run started")
             where = self.placement.pop("standby", None)
             self.promote()
             if where is not None:
@@ -228,6 +213,21 @@ class ShardGroup:
         elif "standby" in lost:
             self.placement.pop("standby", None)
             self.spare.replace()
+
+    def _actor(self, s: int, name: str, options: dict[str, Any] | None = None, **more: Any) -> Any:
+        """A new actor of shard ``s`` named ``name`` (``options``: Ray's, over
+        :func:`~dana.ps.cluster.server_options`), from its starting arguments and ``more``."""
+        args, kwargs = self.server_args[s]
+        if s == 0:  # (a HeadServer: it relays to the other shards)
+            more["peers"] = self.names[1:] or None
+        options = {**server_options(self.cpus), **(options or {})}
+        actor = self.ray.remote(HeadServer if s == 0 else ShardServer).options(name=name, **options)
+        return actor.remote(*args, **kwargs, **more)
+
+    def _standby(self, number: int, saved: dict[str, Any] | None) -> Any:
+        """A standby of shard 0 named after it, from its snapshot ``saved`` (None: from
+        shard 0's starting arguments)."""
+        return self._actor(0, f"{self.names[0]}-{number}", standby=True, recovered=saved)
 
     # -- calls ----------------------------------------------------------------------------
     def reply(self, ref: Any, timeout: float | None = None) -> Any:
@@ -294,7 +294,10 @@ class ShardGroup:
     def _keep_snapshot(self, s: int, saved: dict[str, Any]) -> None:
         """Receiver ``s``'s (0: the standby's) latest snapshot: the head and the standby
         drop the calls it covers."""
-        self.recovery[s] = saved
+        if s == 0:
+            self.spare.saved = saved
+        else:
+            self.recovery[s] = saved
         for server in (self.servers[0], self.standby):
             if server is not None:
                 server.trim.remote(s, saved["calls"])
@@ -340,11 +343,8 @@ class ShardGroup:
         while None in shards:  # a shard lost at the very end: rebuilt, asked again
             self.settle()
             shards = self.each(lambda server: server.counters.remote())
-        relay = self.relay_counters()
-        standby = None
-        if self.standby is not None:
-            standby = self.spare.ask(lambda actor: actor.counters.remote())
-        spare = self.spare
+        relay, spare = self.relay_counters(), self.spare
+        standby = None if self.standby is None else spare.ask(lambda a: a.counters.remote())
         return ServerCounters(
             shards, relay, standby, self.placement, self.rebuilt, spare.promotions, spare.rebuilt
         )
@@ -360,36 +360,23 @@ class ShardGroup:
         passed on, becomes the head (:meth:`~dana.ps.standby.Standby.promote`)."""
         started = time.time()
         self.ray.kill(self.servers[0], no_restart=True)  # (a lost reply need not mean death)
+        if not self.with_standby:
+            self.fail("shard 0 was lost, and this run has no standby (--no-standby)")
         self.servers[0] = self.spare.promote(self.servers[1:], started)
-
-    def unsurvivable(self, what: str) -> None:
-        where = (
-            "continue from the last checkpoint with"
-            if self.run.checkpoint.exists()
-            else "it has no checkpoint yet: start it again from the beginning with"
-        )
-        raise FaultError(
-            f"{what}: the run cannot go on; {where} `dana train --resume {self.run.path}`"
-        ) from None
 
     def rebuild(self, s: int) -> None:
         """Rebuild lost shard ``s >= 1`` from its latest snapshot and the head's log of the
         calls since (:mod:`dana.ps.recovery`); the run goes on meanwhile."""
         started = time.time()
-        saved = self.recovery[s]
-        args, kwargs = self.server_args[s]
+        saved = self.recovery.get(s)
         name = f"{self.prefix}-shard{s}-rebuilt{len(self.rebuilt) + 1}"
         self.ray.kill(self.servers[s], no_restart=True)  # (a lost reply need not mean death)
-        actor = (
-            self.ray.remote(ShardServer)
-            .options(name=name, **server_options(self.cpus))
-            .remote(*args, **kwargs, recovered=saved)
-        )
+        actor = self._actor(s, name, recovered=saved)
         covered = 0 if saved is None else saved["calls"]
         try:
             where = self.reply(actor.ready.remote(), timeout=READY_SECONDS)
         except (ServerLost, self.ray.exceptions.RayError) as e:
-            self.unsurvivable(f"parameter-server shard {s} was lost and could not be rebuilt ({e})")
+            self.fail(f"parameter-server shard {s} was lost and could not be rebuilt ({e})")
         # (a lost head's standby, promoted, relays to the old shard s: rebind it again)
         replayed = self.on_head(lambda head: head.rebind.remote(s, actor, covered))
         self.servers[s] = actor
@@ -403,3 +390,16 @@ class ShardGroup:
                 "node": where,
             }
         )
+
+
+def unsurvivable(run: RunDir, what: str) -> NoReturn:
+    """End ``run`` with :class:`~dana.errors.FaultError`: ``what`` happened, and it cannot
+    go on (``--resume`` from its checkpoint, if it has one)."""
+    where = (
+        "continue from the last checkpoint with"
+        if run.checkpoint.exists()
+        else "it has no checkpoint yet: start it again from the beginning with"
+    )
+    raise FaultError(
+        f"{what}: the run cannot go on; {where} `dana train --resume {run.path}`"
+    ) from None

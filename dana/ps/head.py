@@ -37,7 +37,6 @@ skipping what it has run, and decides from then on), then gives it a new standby
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import numpy as np
@@ -53,14 +52,19 @@ from dana.ps.protocol import (
     Status,
 )
 from dana.ps.relay import Deposed, Relay
+from dana.ps.roles import HeadRole, StandbyRole
 from dana.ps.shard import ShardServer
-from dana.train.rules.gate import StalenessGate, bounds_staleness
+from dana.train.rules.gate import StalenessGate
 
 
 class HeadServer(ShardServer):
-    """Shard 0 and the head's job: the staleness gate, the relay, its standby.
+    """Shard 0 and the head's job: the staleness gate, the relay, its standby. What it
+    does in each role (``mode``: head, standby, deposed) is :mod:`dana.ps.roles`'s.
 
-    Args (besides :class:`~dana.ps.shard.ShardServer`'s, with ``shard == 0``):
+    Args (besides :class:`~dana.ps.shard.ShardServer`'s):
+        bound: the staleness bound its gate keeps (None: no gate).
+        timeout, log_bytes: its relay's wait for the standby (``--server-timeout``) and
+            the bytes of its log held in memory (``--relay-log-bytes``).
         peers: the names of the other shards' actors, to which it relays every call
             (resolved by :meth:`begin`).
         standby: a standby of the head: it follows the head until promoted.
@@ -70,32 +74,37 @@ class HeadServer(ShardServer):
 
     def __init__(
         self,
-        config: dict[str, Any],
-        shard: int,
         params: np.ndarray,
         *,
+        bound: int | None,
+        timeout: float | None,
+        log_bytes: int,
         peers: list[str] | None = None,
         standby: bool = False,
         replicated: bool = False,
         recovered: dict[str, Any] | None = None,
         **kwargs: Any,
     ):
-        super().__init__(config, shard, params, **kwargs)
-        self.role = Role.STANDBY if standby else Role.HEAD
-        bound = self.config.max_staleness
-        self.gate = StalenessGate(bound) if bounds_staleness(bound, self.synchronous) else None
+        super().__init__(params, **kwargs)
+        self.gate = None if bound is None else StalenessGate(bound)
         self.relay = Relay(
             peers or [],
             self.k_max,
             replicated=standby or replicated,
-            timeout=self.config.server_timeout,
-            limit=self.config.relay_log_bytes,
+            timeout=timeout,
+            limit=log_bytes,
         )
+        role = StandbyRole if standby else HeadRole
+        self.mode: HeadRole | StandbyRole = role(self.gate, self.relay)
         if recovered is not None:
             self.load_recovery(recovered)
 
+    @property
+    def role(self) -> Role:
+        return self.mode.role
+
     def begin(self, clock_zero: float) -> None:
-        if self.role is Role.HEAD:
+        if self.mode.serves:
             self.relay.connect()
         super().begin(clock_zero)
 
@@ -103,7 +112,7 @@ class HeadServer(ShardServer):
     def relay_pull(self, worker: int, join: bool = False) -> HeadPull:
         """:meth:`pull`, then the same pull on the standby and every other shard if it was
         served."""
-        if self.role is not Role.HEAD:
+        if not self.mode.serves:
             return HeadPull(Status.NOT_HEAD, None, math.nan, 0, 0, [])
         if not self.records.live[worker]:  # left, or not joined yet: not served
             return HeadPull(Status.GONE, None, math.nan, self.records.last_seq[worker], 0, [])
@@ -120,7 +129,7 @@ class HeadServer(ShardServer):
         """:meth:`push` of shard 0's part, then the same push on the standby and every
         other shard (its ``parts[s]``, copied) if it was taken; with the rate of the
         run's next step (a local step's worker takes its next one at it)."""
-        if self.role is not Role.HEAD:
+        if not self.mode.serves:
             return HeadPushed(Status.NOT_HEAD, math.nan)
         if not self.records.live[parts[0].worker]:
             return HeadPushed(Status.GONE, math.nan)
@@ -132,7 +141,7 @@ class HeadServer(ShardServer):
 
     def relay_exchange(self, parts: list[Push]) -> HeadExchange:
         """:meth:`exchange`, relayed."""
-        if self.role is not Role.HEAD:
+        if not self.mode.serves:
             return HeadExchange(Status.NOT_HEAD, None, math.nan, [])
         if not self.records.live[parts[0].worker]:
             return HeadExchange(Status.GONE, None, math.nan, [])
@@ -148,7 +157,7 @@ class HeadServer(ShardServer):
     def relay_member(self, worker: int, join: bool) -> HeadPushed:
         """Worker ``worker`` joins or leaves the run (:meth:`member`), then the same on the
         standby and every other shard, logged like a push (a rebuilt shard replays it)."""
-        if self.role is not Role.HEAD:
+        if not self.mode.serves:
             return HeadPushed(Status.NOT_HEAD, math.nan)
         status = self.member(worker, join)
         if status is Status.APPLIED:
@@ -175,12 +184,12 @@ class HeadServer(ShardServer):
         try:
             return self.relay.flush()[-1]
         except Deposed:
-            self.role = Role.DEPOSED
+            self.mode = self.mode.deposed()
             return None
 
     # -- the gate -------------------------------------------------------------------------
     def pull(self, worker: int, join: bool = False) -> Pulled:
-        if join and self.role is Role.HEAD:  # (a standby's joins were passed on already)
+        if join and self.mode.serves:  # (a standby's joins were passed on already)
             self.relay.joined(worker)
         return super().pull(worker, join)
 
@@ -191,39 +200,10 @@ class HeadServer(ShardServer):
         return status
 
     def _admit(self, worker: int, join: bool) -> bool:
-        """The start gate: whether ``worker`` may pull now; records its start if so."""
-        gate = self.gate
-        if gate is None:
-            return True
-        if self.role is Role.STANDBY:  # its head admitted it
-            gate.admit(worker, self.pushes, join, time.time())
-            return True
-        if join:  # a new process: its earlier incarnation's records go
-            gate.forget(worker)
-        else:  # (a worker pulls while in flight only to start its step again)
-            gate.pushed(worker)
-        queued = any(w == worker for w, _ in gate.idle)
-        if gate.start(worker, self.pushes, time.time()):
-            return True
-        if not queued:  # it starts waiting now: its standby must know
-            self.relay.waiting(gate.waiting_state())
-        return False
+        return self.gate is None or self.mode.admit(worker, join, self.pushes)
 
     def _may_push(self, worker: int, now: float) -> bool:
-        """The push gate: whether ``worker``'s push may be applied now; a push held for
-        the first time is passed on to the standby."""
-        gate = self.gate
-        if gate is None:
-            return True
-        if self.role is Role.STANDBY:  # its head applied it
-            gate.resume(worker, now)
-            return True
-        held = worker in gate.held
-        if gate.may_push(worker, self.pushes, now):
-            return True
-        if not held:
-            self.relay.waiting(gate.waiting_state())
-        return False
+        return self.gate is None or self.mode.may_push(worker, self.pushes, now)
 
     def _waits(self) -> tuple[int, float]:
         waits, wait_time = super()._waits()
@@ -238,7 +218,7 @@ class HeadServer(ShardServer):
         (False) once promoted: they come from a head taken for lost that ran on, and no
         other shard may get them (its head passes a call on only once its standby took
         it, so every call it passed on before is in this log)."""
-        if self.role is not Role.STANDBY:
+        if not self.mode.follows:
             return False
         for entry in entries:
             self.relay.log.append(entry)
@@ -257,13 +237,13 @@ class HeadServer(ShardServer):
         (:meth:`~dana.train.rules.gate.StalenessGate.waiting_state`), sent whenever one starts
         waiting, so that once promoted it keeps their places in line (once promoted, they
         come from a deposed head: ignored)."""
-        if self.gate is not None and self.role is Role.STANDBY:
+        if self.gate is not None and self.mode.follows:
             self.gate.load_waiting(state)
 
     def promote(self, peers: list[Any]) -> int:
         """The head was lost: this standby is the head now, ``peers`` the other shards.
         Sends them its log (each skips what it has); how many calls."""
-        self.role = Role.HEAD
+        self.mode = self.mode.promoted()
         return self.relay.promote(peers)
 
     def attach_standby(self, actor: Any, covered: int = 0) -> int:
@@ -311,4 +291,4 @@ class HeadServer(ShardServer):
         self.relay.load_state_dict(saved["relay"])
 
     def _keeps_recovery(self) -> bool:
-        return self.role is Role.STANDBY  # (the head's own loss is its standby's job)
+        return self.mode.follows  # (the head's own loss is its standby's job)

@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -52,16 +53,12 @@ import torch
 from torch import Tensor
 
 from dana.algorithms.base import Algorithm, MasterRule
-from dana.ps.layout import Layout
 from dana.ps.log import ShardLog
 from dana.ps.protocol import Call, Exchanged, Pulled, Push, Role, Status, apply, message_tensor
 from dana.ps.records import Counts, GapProbes, WorkerRecords
 from dana.ps.recovery import SNAPSHOT_SECONDS
 from dana.ps.snapshots import Snapshots
-from dana.train.config import TrainConfig
-from dana.train.rules.members import capacity
 from dana.train.rules.schedule import next_rate
-from dana.train.training import build_schedule
 
 # Arrays from Ray's object store are read-only; the rules only read messages.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -70,11 +67,13 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 class ShardServer:
     """The master rule on one shard of the parameters, with the run's counters.
 
-    Args:
-        config: the run's :class:`TrainConfig` as a dict.
-        shard: this shard's index ``s``.
+    Args (the run's settings, :func:`~dana.ps.settings.server_settings`, and the shard's):
         params: the shard's initial parameters.
-        d: the size of the whole parameter vector.
+        algorithm: the run's algorithm, built once by the driver.
+        schedule: the learning-rate schedule (:func:`~dana.train.rules.schedule.next_rate`
+            reads it).
+        workers, k_max: the workers at the start, and the most the run may hold.
+        probes: the shard's gap probes (:class:`~dana.ps.layout.Layout`).
         batches_per_epoch: ``train_size // batch_size``.
         end: stop after this many steps (asynchronous runs); ``None``: the driver ends
             the run (``ssgd``'s rounds).
@@ -82,44 +81,36 @@ class ShardServer:
             for a checkpoint.
         state: a checkpointed :meth:`state` to continue from.
         recovered: a server rebuilt after its loss: its latest :meth:`recovery_state`.
-        algorithm: the run's algorithm, built once by the driver (``None``: build it
-            from ``config``).
     """
 
     role = Role.SHARD
 
     def __init__(
         self,
-        config: dict[str, Any],
-        shard: int,
         params: np.ndarray,
         *,
-        d: int,
+        algorithm: Algorithm,
+        schedule: Callable[[float], float],
+        workers: int,
+        k_max: int,
+        probes: np.ndarray,
         batches_per_epoch: int,
         end: int | None,
         evals: list[int],
         checkpoints: list[int],
         state: dict[str, Any] | None = None,
         recovered: dict[str, Any] | None = None,
-        algorithm: Algorithm | None = None,
     ):
         torch.set_num_threads(1)
-        cfg = self.config = TrainConfig.from_dict(config)
-        if algorithm is None:
-            algorithm = cfg.build_algorithm()
-        self.shard, self.k = shard, cfg.workers
-        self.k_max = k_max = capacity(cfg)  # the rules' size (dana.train.rules.members)
+        self.k, self.k_max = workers, k_max  # (k_max: the rules' size, dana.train.rules.members)
         self.synchronous = algorithm.synchronous
         self.master = algorithm.master(torch.from_numpy(params), k_max)  # (a copy)
         self._plain_pull = type(self.master).pull is MasterRule.pull  # pull == copy theta
         self._out = None if self._plain_pull else torch.empty_like(self.master.theta)
         self._decoded: Tensor | None = None
-        self.schedule = build_schedule(cfg, batches_per_epoch)
-        self.batches_per_epoch = batches_per_epoch
-        self.end = end
+        self.schedule, self.batches_per_epoch, self.end = schedule, batches_per_epoch, end
         self.clock_zero = time.time()  # reset by begin()
         self.snapshot_at = -math.inf  # when the last recovery snapshot was taken
-        probes = Layout(d, cfg.servers, cfg.seed).probes[shard]
         self.counts = Counts()
         self.records = WorkerRecords(k_max, self.k)
         self.probes = GapProbes(probes, k_max, self.master.theta.dtype)
@@ -330,11 +321,11 @@ class ShardServer:
     def state(self) -> dict[str, Any]:
         """The server's state for a checkpoint: numpy arrays and plain values."""
         counters = self.counters()
-        return {"master": self._master_state(), **{k: counters[k] for k in _CHECKPOINTED}}
+        return {"master": _master_state(self.master), **{k: counters[k] for k in _CHECKPOINTED}}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's :meth:`state`."""
-        self._load_master(state["master"])
+        _load_master(self.master, state["master"])
         self.counts.resume(state)
         self.records.resume(state)
 
@@ -343,7 +334,7 @@ class ShardServer:
         (:mod:`dana.ps.recovery`): its master state, every part's state, the snapshot
         points still to come and, for the driver, the relayed calls run (``calls``)."""
         return {
-            "master": self._master_state(),
+            "master": _master_state(self.master),
             "counts": self.counts.state_dict(),
             "records": self.records.state_dict(),
             "probes": self.probes.state_dict(),
@@ -356,7 +347,7 @@ class ShardServer:
 
     def load_recovery(self, saved: dict[str, Any]) -> None:
         """Become the server that :meth:`recovery_state` saved."""
-        self._load_master(saved["master"])
+        _load_master(self.master, saved["master"])
         self.counts.load_state_dict(saved["counts"])
         self.records.load_state_dict(saved["records"])
         self.probes.load_state_dict(saved["probes"])
@@ -383,20 +374,6 @@ class ShardServer:
         return True
 
     # -- internals ----------------------------------------------------------------------
-    def _master_state(self) -> dict[str, Any]:
-        return {
-            k: v.numpy() if isinstance(v, Tensor) else v
-            for k, v in self.master.state_dict().items()
-        }
-
-    def _load_master(self, state: dict[str, Any]) -> None:
-        self.master.load_state_dict(
-            {
-                k: torch.as_tensor(np.asarray(v)) if isinstance(v, np.ndarray | Tensor) else v
-                for k, v in state.items()
-            }
-        )
-
     def _serve(self, worker: int, join: bool) -> np.ndarray:
         if self._plain_pull:  # Ray copies the returned array once, into its object store
             out = self.master.theta
@@ -430,6 +407,20 @@ class ShardServer:
         if point in self.snapshots.checkpoints:
             snap["state"] = self.state()
         self.snapshots.add(snap)
+
+
+def _master_state(master: MasterRule) -> dict[str, Any]:
+    """The master rule's state with numpy arrays for tensors (to cross Ray and a checkpoint)."""
+    return {k: v.numpy() if isinstance(v, Tensor) else v for k, v in master.state_dict().items()}
+
+
+def _load_master(master: MasterRule, state: dict[str, Any]) -> None:
+    master.load_state_dict(
+        {
+            k: torch.as_tensor(np.asarray(v)) if isinstance(v, np.ndarray | Tensor) else v
+            for k, v in state.items()
+        }
+    )
 
 
 #: What a checkpoint keeps of a server's counters (besides its master state).

@@ -14,23 +14,45 @@ promoted one by name). Once it is up, the head sends it its log
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
-from dana.ps.cluster import READY_SECONDS, ServerLost, server_options
-from dana.ps.head import HeadServer
+from dana.ps.cluster import READY_SECONDS, ServerLost
 
 
 class Standby:
-    """The standby of a :class:`~dana.ps.group.ShardGroup` (``group``): the actor in place
-    (``actor``; None while a new one starts), the one starting (``coming``), how many
-    were built (their names' numbers), the records of the promotions and of the
-    standbys rebuilt."""
+    """The standby of a :class:`~dana.ps.group.ShardGroup`: the actor in place (``actor``;
+    None while a new one starts), the one starting (``coming``), how many were built
+    (their names' numbers), the records of the promotions and of the standbys rebuilt;
+    the driver's latest snapshot of it (``saved``) and the servers' clock
+    (``clock_zero``), which the group sets.
 
-    def __init__(self, group: Any):
-        self.group = group
+    Args (the group's):
+        ray: the ``ray`` module.
+        build: a new standby actor, number ``n``, from a snapshot (None: from shard 0's
+            starting arguments).
+        head: the head's actor now.
+        reply: a server's reply to a call (:meth:`~dana.ps.group.ShardGroup.reply`).
+        fail: end the run, which cannot go on (:func:`~dana.ps.group.unsurvivable`).
+        steps_now: the run's step count now (for the records).
+    """
+
+    def __init__(
+        self,
+        ray: Any,
+        build: Callable[[int, dict[str, Any] | None], Any],
+        head: Callable[[], Any],
+        reply: Callable[[Any], Any],
+        fail: Callable[[str], NoReturn],
+        steps_now: Callable[[], int],
+    ):
+        self.ray, self.build, self.head = ray, build, head
+        self.reply, self.fail, self.steps_now = reply, fail, steps_now
         self.actor: Any = None
         self.coming: tuple[Any, Any, float, dict[str, Any] | None] | None = None
         self.built = 0
+        self.saved: dict[str, Any] | None = None
+        self.clock_zero: float | None = None
         self.promotions: list[dict[str, Any]] = []  # one record per lost head
         self.rebuilt: list[dict[str, Any]] = []
 
@@ -42,29 +64,26 @@ class Standby:
         """The head, lost at ``started``, is replaced by this standby, which has run every
         call the head passed on: it sends its log to the other shards (``peers``) and
         becomes the head (its actor, returned); then a new standby is started."""
-        group = self.group
-        if not group.with_standby:
-            group.unsurvivable("shard 0 was lost, and this run has no standby (--no-standby)")
         if self.actor is None:
-            group.unsurvivable("shard 0 was lost while its standby was being rebuilt")
+            self.fail("shard 0 was lost while its standby was being rebuilt")
         try:
-            sent = group.reply(self.actor.promote.remote(peers))
+            sent = self.reply(self.actor.promote.remote(peers))
         except ServerLost:
-            group.unsurvivable("shard 0 and its standby were both lost")
+            self.fail("shard 0 and its standby were both lost")
         head, self.actor = self.actor, None
         self.promotions.append(
-            {"steps": group.steps_now(), "resent_calls": sent, "seconds": time.time() - started}
+            {"steps": self.steps_now(), "resent_calls": sent, "seconds": time.time() - started}
         )
         self.replace()
         return head
 
     def replace(self) -> None:
-        """Start a new standby (the last one was lost or promoted), from the group's latest
+        """Start a new standby (the last one was lost or promoted), from the latest
         snapshot of the standby; :meth:`attach_coming` attaches it once it is up."""
         if self.actor is not None:
-            self.group.ray.kill(self.actor, no_restart=True)
+            self.ray.kill(self.actor, no_restart=True)
         self.actor = None
-        saved = self.group.recovery[0]
+        saved = self.saved
         actor = self._build(saved)
         self.coming = (actor, actor.ready.remote(), time.time(), saved)
 
@@ -76,7 +95,7 @@ class Standby:
             self.attach_coming()
             return None
         try:
-            return self.group.reply(call(self.actor))
+            return self.reply(call(self.actor))
         except ServerLost:
             self.replace()
             return None
@@ -86,38 +105,36 @@ class Standby:
         started."""
         if self.coming is None:
             return
-        group, ray = self.group, self.group.ray
+        ray, fail = self.ray, self.fail
         actor, ready, started, saved = self.coming
         done, _ = ray.wait([ready], timeout=0)
         if not done:
             if time.time() - started > READY_SECONDS:
-                group.unsurvivable(
-                    f"shard 0's standby did not start within {READY_SECONDS:g} s (no room)"
-                )
+                fail(f"shard 0's standby did not start within {READY_SECONDS:g} s (no room)")
             return
         self.coming = None
         try:
-            where = group.reply(ready)
+            where = self.reply(ready)
         except (ServerLost, ray.exceptions.RayError) as e:
-            group.unsurvivable(f"shard 0's standby could not be rebuilt ({e})")
+            fail(f"shard 0's standby could not be rebuilt ({e})")
         if saved is None:  # (built from the starting arguments: start its clock too)
             try:
-                group.reply(actor.begin.remote(group.clock_zero))
+                self.reply(actor.begin.remote(self.clock_zero))
             except ServerLost:  # (lost already: another one)
                 ray.kill(actor, no_restart=True)
                 self.replace()
                 return
         try:
             covered = 0 if saved is None else saved["calls"]
-            sent = group.reply(group.servers[0].attach_standby.remote(actor, covered))
+            sent = self.reply(self.head().attach_standby.remote(actor, covered))
         except ServerLost:  # the head too, before its new standby had anything
-            group.unsurvivable("shard 0 was lost while its standby was rebuilt")
+            fail("shard 0 was lost while its standby was rebuilt")
         except ray.exceptions.RayTaskError as e:  # (a log trimmed too far: never expected)
-            group.unsurvivable(f"shard 0's standby could not be rebuilt ({e})")
+            fail(f"shard 0's standby could not be rebuilt ({e})")
         self.actor = actor
         self.rebuilt.append(
             {
-                "steps": group.steps_now(),
+                "steps": self.steps_now(),
                 "snapshot_age": None if saved is None else started - saved["time"],
                 "sent_calls": sent,
                 "seconds": time.time() - started,
@@ -129,16 +146,8 @@ class Standby:
         coming = [self.coming[0]] if self.coming is not None else []
         for actor in [self.actor, *coming]:
             if actor is not None:
-                self.group.ray.kill(actor, no_restart=True)
+                self.ray.kill(actor, no_restart=True)
 
     def _build(self, saved: dict[str, Any] | None) -> Any:
-        """A standby actor of shard 0, from its snapshot ``saved`` (None: from shard 0's
-        starting arguments)."""
-        group = self.group
-        args, kwargs = group.server_args[0]
         self.built += 1
-        return (
-            group.ray.remote(HeadServer)
-            .options(name=f"{group.names[0]}-{self.built}", **server_options(group.cpus))
-            .remote(*args, **kwargs, peers=group.names[1:] or None, standby=True, recovered=saved)
-        )
+        return self.build(self.built, saved)

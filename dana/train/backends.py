@@ -43,6 +43,7 @@ class Backend:
 
     module: str
     cls: str
+    summary: str = ""  #: what it runs, for ``--backend``'s help
     needs: str | None = None
     install: str = ""
     deterministic: bool = False
@@ -57,11 +58,17 @@ class Backend:
 #: The runners, by ``--backend`` name (:func:`register` adds one).
 RUNNERS: dict[str, Backend] = {
     "sim": Backend(
-        "dana.sim.driver", "SimRun", deterministic=True, cluster_model=True, partitions=True
+        "dana.sim.driver",
+        "SimRun",
+        "the simulator",
+        deterministic=True,
+        cluster_model=True,
+        partitions=True,
     ),
     "ray": Backend(
         "dana.ps.driver",
         "RayRun",
+        "real workers on Ray",
         needs="ray",
         install="pip install 'ray>=2.9'",
         wall_clock=True,
@@ -103,3 +110,8 @@ def runner_class(name: str) -> Any:
     :class:`dana.train.runners.Runner`)."""
     backend = check_backend(name)
     return getattr(importlib.import_module(backend.module), backend.cls)
+
+
+def backends_help() -> str:
+    """``--backend``'s help: every registered runner with what it runs."""
+    return ", ".join(f"{name} ({b.summary})" if b.summary else name for name, b in RUNNERS.items())

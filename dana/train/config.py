@@ -24,12 +24,12 @@ from typing import Any
 
 from dana import algorithms
 from dana.algorithms.base import Algorithm
+from dana.data.datasets import reads_files
 from dana.errors import ConfigError
 from dana.textfile import parse_mapping, read_text
 from dana.train.backends import check_name
-from dana.train.cluster.model import check_workers as check_cluster_workers
-from dana.train.cluster.model import resolve_cluster, timing_of
-from dana.train.cluster.partition import parse_partition
+from dana.train.cluster.model import check_cluster_option, timing_of
+from dana.train.cluster.partition import check_partition_option
 from dana.train.cluster.timing import TIMING_MODELS
 from dana.train.rules.codecs import build_codec
 from dana.train.rules.members import check_members
@@ -166,15 +166,16 @@ class TrainConfig:
 
     # -- validation ---------------------------------------------------------------------
     def validate(self, names: Mapping[str, str] | None = None) -> TrainConfig:
-        """Check every option against :data:`SCHEMA`, then the rules between options.
+        """The config, checked: every option against :data:`SCHEMA`, then the rules
+        between options; a cluster given by name or file comes back resolved (with the
+        timing of its compute model). ``self`` is left as it is.
 
         Raises :class:`ConfigError` naming the first bad option, what it accepts and
         what it got. ``names``: how the caller names the options (the Python entries:
         their arguments, ``{"lr_decay_epochs": "decay_epochs", ...}``; every other
         option by its field name); by default the command line's flags
         (``--lr-decay-epochs``)."""
-        self.__dict__["_names"] = names
-        flag = self._flag
+        flag = Flags(names)
         for name, rule in SCHEMA.items():
             rule.check(name, getattr(self, name), None if names is None else flag(name))
         backend = check_name(self.backend, flag("backend"))
@@ -210,23 +211,25 @@ class TrainConfig:
                 f"into shards; use {flag('servers')} 1"
             )
         _check_algorithm_params(self.algorithm, self.algorithm_params)
-        self._check_dependent_options(backend.processes)
+        self._check_dependent_options(backend.processes, flag)
         build_codec(self.compress, flag("compress"))
-        self._check_cluster(backend)
-        check_members(self, backend.elastic, self._flag)
-        kind, _ = parse_partition(self.partition)
-        if kind != "iid" and not backend.partitions:
-            raise ConfigError(
-                f"{self._flag('partition')} {self.partition}: data per worker is simulated "
-                f"only for now ({self._flag('backend')} sim); the workers of "
-                f"{self._flag('backend')} {self.backend} draw from one shared stream (iid)"
+        algorithm = self._algorithm(flag)
+        checked = self
+        if self.cluster is not None:
+            given = self.timing != TrainConfig.timing or bool(self.timing_params)
+            cluster = check_cluster_option(self, backend, algorithm.synchronous, given, flag)
+            timing, timing_params = timing_of(cluster)
+            checked = dataclasses.replace(
+                self, cluster=cluster, timing=timing, timing_params=timing_params
             )
+        check_members(checked, backend.elastic, flag)
+        check_partition_option(self, backend, flag)
         if self.device == "cuda":
             from dana.train.device import check_cuda
 
             check_cuda(f"{flag('device')} cuda")
-        self._check_rule_at(self.workers, flag)
-        if self.build_algorithm().uses_speed and backend.wall_clock and self.time_scale <= 0:
+        self._check_rule_at(algorithm, flag)
+        if algorithm.uses_speed and backend.wall_clock and self.time_scale <= 0:
             raise ConfigError(
                 f"{flag('algorithm')} {self.algorithm} with dynamic_steps sizes each worker's "
                 f"local phase by its speed relative to the fastest worker's, which a worker "
@@ -234,18 +237,18 @@ class TrainConfig:
                 f"times: pass {flag('time_scale')} S > 0 (with {flag('timing')} heterogeneous "
                 "or trace), or set dynamic_steps to false"
             )
-        return self
+        return checked
 
-    def _check_dependent_options(self, processes: bool) -> None:
+    def _check_dependent_options(self, processes: bool, flag: Flags) -> None:
         """ConfigError for an option, set to other than its default, that means something
         only with another one, and would otherwise be accepted and ignored
         (:data:`DEPENDENT_OPTIONS`)."""
-        flag, backend = self._flag, self._flag("backend")
+        backend = flag("backend")
         lacking = {
             "processes": not processes,
             "cluster": not processes and self.cluster is None,
             "mlflow": self.mlflow is None,
-            "files": self.dataset.lower() == "synthetic",
+            "files": not reads_files(self.dataset),
         }
         fixes = {
             "processes": f"means something only for a backend whose workers and servers are "
@@ -265,74 +268,40 @@ class TrainConfig:
                 given = "--no-standby" if flag(name) == "--standby" else f"{flag(name)} {value!r}"
                 raise ConfigError(f"{given} {fixes[needs]}")
 
-    def _check_cluster(self, backend: Any) -> None:
-        """Resolve ``cluster`` (a preset name or a file) into the model it names, check
-        it, and set ``timing`` and ``timing_params`` to its compute model's (a cluster
-        without one takes them: dana.train.cluster.model.resolve_cluster)."""
-        if self.cluster is None:
-            return
-        given = self.timing != TrainConfig.timing or bool(self.timing_params)
-        self.cluster = resolve_cluster(self.cluster, self.timing, self.timing_params, given)
-        self.timing, self.timing_params = timing_of(self.cluster)
-        check_cluster_workers(self.cluster, self.workers)
-        if backend.cluster_model:
-            return
-        if backend.emulates_cluster and self.time_scale > 0:
-            away = self.cluster["availability"]
-            if self.build_algorithm().synchronous and (away["preemptions"] or away["random"]):
-                raise ConfigError(
-                    f"{self._flag('cluster')} {self.cluster['name']}: {self.algorithm}'s "
-                    f"rounds on {self._flag('backend')} {self.backend} are driven for a "
-                    "fixed set of workers, so its workers cannot leave and return; drop the "
-                    f"cluster's availability, or simulate it ({self._flag('backend')} sim)"
-                )
-            return
-        if backend.emulates_cluster:
-            raise ConfigError(
-                f"{self._flag('cluster')} {self.cluster['name']}: {self._flag('backend')} "
-                f"{self.backend} emulates a cluster model in real time: pass "
-                f"{self._flag('time_scale')} S > 0 (the seconds one model millisecond lasts, "
-                "e.g. 0.001)"
-            )
-        raise ConfigError(
-            f"{self._flag('cluster')} {self.cluster['name']}: a cluster model is "
-            f"simulated ({self._flag('backend')} sim); {self._flag('backend')} "
-            f"{self.backend} runs on a cluster of its own (emulate step times with "
-            f"{self._flag('timing')} and {self._flag('time_scale')})"
-        )
-
-    def _flag(self, name: str) -> str:
-        """How the caller of :meth:`validate` names option ``name``."""
-        names = self.__dict__.get("_names")
-        if names is None:
-            return "--" + name.replace("_", "-")
-        return names.get(name, name)
-
-    def _check_rule_at(self, workers: int, flag) -> None:
+    def _check_rule_at(self, algorithm: Algorithm, flag: Flags) -> None:
         """The master rule built for ``workers`` on one parameter: a hyper-parameter whose
         valid range depends on k is refused here, before any run starts."""
         import torch
 
         try:
-            self.build_algorithm().master(torch.zeros(1), workers)
+            algorithm.master(torch.zeros(1), self.workers)
         except (ValueError, TypeError) as e:
             raise ConfigError(
-                f"{flag('algorithm')} {self.algorithm} with {flag('workers')} {workers}: {e}"
+                f"{flag('algorithm')} {self.algorithm} with {flag('workers')} {self.workers}: {e}"
             ) from None
 
     def build_algorithm(self) -> Algorithm:
-        """The run's algorithm, built from ``algorithm`` and :meth:`algorithm_hparams`
-        (once: the object is kept while they stay the same)."""
-        key = (self.algorithm, repr(sorted(self.algorithm_hparams().items())))
-        cached = self.__dict__.get("_built")
-        if cached is not None and cached[0] == key:
-            return cached[1]
+        """The run's algorithm, built from ``algorithm`` and :meth:`algorithm_hparams`."""
+        return self._algorithm(Flags(None))
+
+    def _algorithm(self, flag: Flags) -> Algorithm:
         try:
-            algorithm = algorithms.build(self.algorithm, **self.algorithm_hparams())
+            return algorithms.build(self.algorithm, **self.algorithm_hparams())
         except (ValueError, TypeError) as e:
-            raise ConfigError(f"{self._flag('algorithm')} {self.algorithm}: {e}") from None
-        self.__dict__["_built"] = (key, algorithm)
-        return algorithm
+            raise ConfigError(f"{flag('algorithm')} {self.algorithm}: {e}") from None
+
+
+class Flags:
+    """How the caller of :meth:`TrainConfig.validate` names each option: ``names`` (a
+    Python entry's argument names) or, by default, the command line's flags."""
+
+    def __init__(self, names: Mapping[str, str] | None = None):
+        self.names = names
+
+    def __call__(self, name: str) -> str:
+        if self.names is None:
+            return "--" + name.replace("_", "-")
+        return self.names.get(name, name)
 
 
 #: How the Python entries (dana.fit, dana.simulate) name the options they take under

@@ -10,6 +10,7 @@ arrays) of one row per example, with finite values.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import os
@@ -26,6 +27,8 @@ from dana.train.config import PYTHON_NAMES, TrainConfig
 
 #: The entries' names for the TrainConfig fields they name otherwise.
 FIELDS = {python: field for field, python in PYTHON_NAMES.items()}
+#: The TrainConfig fields, which an entry's keyword-only arguments may name.
+CONFIG_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 
 
 def check_keywords(entry: Callable[..., Any], algorithm: Any, hparams: Mapping[str, Any]) -> None:
@@ -52,11 +55,16 @@ def check_keywords(entry: Callable[..., Any], algorithm: Any, hparams: Mapping[s
 
 
 def entry_config(
-    entry: Callable[..., Any], hparams: Mapping[str, Any], **arguments: Any
+    entry: Callable[..., Any], given: Mapping[str, Any], **derived: Any
 ) -> TrainConfig:
-    """The validated TrainConfig of an entry's ``arguments`` (by the entry's names:
-    ``decay_epochs``, ``decay_factor``) and its algorithm's ``hparams``; ArgumentTypeError
-    for an unknown keyword, ConfigError (a ValueError) naming a bad value."""
+    """The validated TrainConfig of a call of ``entry``, from its ``locals()`` (``given``,
+    taken before it rebinds an option): its keyword-only arguments that name a TrainConfig
+    field (by the entry's names: ``decay_epochs``, ``decay_factor``), ``derived`` (the
+    values the entry computes: the device's type, the model's name) over them, and its
+    ``**`` keywords, the algorithm's hyper-parameters. ArgumentTypeError for an unknown
+    keyword, ConfigError (a ValueError) naming a bad value."""
+    arguments, hparams = _options(entry, given)
+    arguments.update(derived)
     check_keywords(entry, arguments.get("algorithm"), hparams)
     values = {FIELDS.get(k, k): v for k, v in arguments.items()}
     values["algorithm_params"] = dict(hparams)
@@ -68,6 +76,19 @@ def entry_config(
     if isinstance(params, Mapping):
         values["timing_params"] = dict(params)
     return TrainConfig(**values).validate(PYTHON_NAMES)
+
+
+def _options(entry: Callable[..., Any], given: Mapping[str, Any]) -> tuple[dict, dict]:
+    """The TrainConfig options among ``entry``'s keyword-only arguments (its positional
+    ones are the model and the data), and its ``**`` keywords, as ``given`` holds them."""
+    options: dict[str, Any] = {}
+    hparams: dict[str, Any] = {}
+    for name, p in inspect.signature(entry).parameters.items():
+        if p.kind is p.VAR_KEYWORD:
+            hparams = dict(given[name])
+        elif p.kind is p.KEYWORD_ONLY and FIELDS.get(name, name) in CONFIG_FIELDS:
+            options[name] = given[name]
+    return options, hparams
 
 
 def _float(value: Any) -> Any:

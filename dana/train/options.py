@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from dana.train.backends import backends_help
 from dana.train.config import TrainConfig
 
 
@@ -179,7 +180,7 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
         "vectorised call (torch.func.vmap); 1: one at a time; auto: as many as fit the "
         "device (1 on the CPU)",
     ),
-    ("--backend", "backend", str, "sim (the simulator) or ray (real workers on Ray)"),
+    ("--backend", "backend", str, backends_help()),
     ("--address", "address", str, "with --backend ray: the address of a running Ray cluster"),
     (
         "--servers",

@@ -19,7 +19,8 @@ there.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -68,6 +69,18 @@ def use_threads(threads: int | None = None) -> int:
     except RuntimeError:
         pass  # set before in this process (a second run, a test): it stays
     return n
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``threads`` inside the block, and the process's
+    own count restored after it (a Python entry leaves its caller's setting as it was)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _state_size(value: Any) -> int:

@@ -15,12 +15,9 @@ A NaN or infinite loss is a result, not a crash: the run stops, ``summary.json``
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
-
-from torch import Tensor
 
 from dana.errors import DanaError
 from dana.train.backends import check_backend, runner_class
@@ -90,7 +87,7 @@ def train(
             raise DanaError(f"--resume {run.path} is not a directory; give a run directory")
     else:
         run.check_new()
-    config.validate()
+    config = config.validate()
     check_backend(config.backend)
     if config.mlflow:
         from dana.train.records.tracking import import_mlflow
@@ -120,14 +117,7 @@ def train(
         if config.tensorboard:
             run.open_tensorboard()
         title = f"{config.algorithm}, k={config.workers}, {config.model} on {config.dataset}"
-        summary = execute_run(
-            runner,
-            config,
-            run,
-            title,
-            progress,
-            keep_model=lambda p: problem.save_model(run.path, p),
-        )
+        summary = execute_run(runner, config, run, title, progress, problem)
     return summary
 
 
@@ -150,13 +140,13 @@ def execute_run(
     run: RunDir,
     title: str,
     progress: bool,
-    keep_model: Callable[[Tensor], Any] | None = None,
+    problem: TrainingProblem | None = None,
     mlflow_run: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A run's life on any runner, as ``dana train`` and :func:`dana.fit` live it: track it
     in MLflow (``config.mlflow``), ``runner.execute`` with a progress reporter titled
     ``title``, close the run directory's writers whatever happens, then write
-    ``summary.json``, the final model (``keep_model(runner.final_params())``:
+    ``summary.json``, the final model (``problem``'s, at ``runner.final_params()``:
     ``model.safetensors``) and the curves, and finish the MLflow run (the model among its
     artifacts; ``mlflow_run``: its ``run_name`` and ``tags``). A failure (an interruption
     too) marks the MLflow run failed and propagates; SIGTERM or SIGINT make the runner
@@ -183,8 +173,8 @@ def execute_run(
         raise
     finally:
         run.close()
-    if keep_model is not None:
-        keep_model(runner.final_params())
+    if problem is not None:
+        problem.save_model(run.path, runner.final_params())
     run.write_summary(summary)
     if runner.rows:
         run.write_plot(runner.rows, title)

@@ -387,3 +387,40 @@ def check_workers(cluster: dict[str, Any] | None, workers: int) -> None:
             f"{where}: availability.preemptions sends every worker away for good (no "
             "rejoin_ms): the run could never end; give one of them a rejoin_ms"
         )
+
+
+def check_cluster_option(
+    config: Any, backend: Any, synchronous: bool, timing_given: bool, flag: Any
+) -> dict[str, Any]:
+    """The resolved cluster of a run's ``cluster`` option (a preset, a file or a
+    mapping; a cluster without a compute model takes the run's ``timing``), checked
+    against the run: its workers, and a backend that can run it (the simulator; Ray
+    emulating it with ``time_scale > 0``, without departures for a synchronous
+    algorithm). ``timing_given``: the run set its timing (a cluster's own compute model
+    then refuses another); ``flag(name)``: how the caller names an option."""
+    cluster = resolve_cluster(config.cluster, config.timing, config.timing_params, timing_given)
+    check_workers(cluster, config.workers)
+    name = cluster["name"]
+    if backend.cluster_model:
+        return cluster
+    if backend.emulates_cluster and config.time_scale > 0:
+        away = cluster["availability"]
+        if synchronous and (away["preemptions"] or away["random"]):
+            raise ConfigError(
+                f"{flag('cluster')} {name}: {config.algorithm}'s rounds on "
+                f"{flag('backend')} {config.backend} are driven for a fixed set of workers, "
+                "so its workers cannot leave and return; drop the cluster's availability, "
+                f"or simulate it ({flag('backend')} sim)"
+            )
+        return cluster
+    if backend.emulates_cluster:
+        raise ConfigError(
+            f"{flag('cluster')} {name}: {flag('backend')} {config.backend} emulates a "
+            f"cluster model in real time: pass {flag('time_scale')} S > 0 (the seconds one "
+            "model millisecond lasts, e.g. 0.001)"
+        )
+    raise ConfigError(
+        f"{flag('cluster')} {name}: a cluster model is simulated ({flag('backend')} sim); "
+        f"{flag('backend')} {config.backend} runs on a cluster of its own (emulate step "
+        f"times with {flag('timing')} and {flag('time_scale')})"
+    )

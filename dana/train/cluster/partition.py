@@ -30,6 +30,7 @@ the same parts. The parts are disjoint and cover every example; each is sorted.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -149,3 +150,15 @@ def _shards(
             f"than a batch ({min_size}); use fewer workers or a smaller batch"
         )
     return parts
+
+
+def check_partition_option(config: Any, backend: Any, flag: Any) -> None:
+    """A run's ``partition`` option: a valid spec, and data per worker only on a backend
+    that splits the data (the simulator). ``flag(name)``: how the caller names an option."""
+    kind, _ = parse_partition(config.partition)
+    if kind != "iid" and not backend.partitions:
+        raise ConfigError(
+            f"{flag('partition')} {config.partition}: data per worker is simulated only for "
+            f"now ({flag('backend')} sim); the workers of {flag('backend')} {config.backend} "
+            "draw from one shared stream (iid)"
+        )

@@ -235,16 +235,12 @@ class RunDir:
                 f"{self.path}: holds no run (no config.json); give the --out directory of a "
                 "run started with `dana train`"
             )
-        try:
-            values = json.loads(self.config.read_text())
-        except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
-            raise DanaError(f"{self.config}: unreadable run config: {e}") from None
-        if not isinstance(values, dict):
-            raise DanaError(
-                f"{self.config}: not a run config (a JSON mapping of option: value, as "
-                "`dana train` writes it); put the run's own config.json back"
-            )
-        return values
+        return _read_mapping(
+            self.config,
+            "run config",
+            "a JSON mapping of option: value, as `dana train` writes it",
+            "put the run's own config.json back",
+        )
 
     def write_metrics(self, rows: list[dict[str, float]]) -> None:
         buf = io.StringIO()
@@ -301,16 +297,12 @@ class RunDir:
 
     def read_summary(self) -> dict[str, Any]:
         """The run's summary; DanaError for one that is unreadable or no mapping."""
-        try:
-            values = json.loads(self.summary.read_text())
-        except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
-            raise DanaError(f"{self.summary}: unreadable run summary: {e}") from None
-        if not isinstance(values, dict):
-            raise DanaError(
-                f"{self.summary}: not a run summary (a JSON mapping, as `dana train` writes "
-                "it); move it away to rerun the run"
-            )
-        return values
+        return _read_mapping(
+            self.summary,
+            "run summary",
+            "a JSON mapping, as `dana train` writes it",
+            "move it away to rerun the run",
+        )
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         """Write the checkpoint, with the run's settings (:attr:`settings`) when set; the
@@ -388,6 +380,18 @@ class RunDir:
         fig.tight_layout()
         with atomic_path(self.plot) as tmp:
             fig.savefig(tmp, format="png", dpi=100)
+
+
+def _read_mapping(path: Path, what: str, shape: str, fix: str) -> dict[str, Any]:
+    """The JSON mapping in ``path`` (``what``: ``run config``); DanaError saying so for
+    one that is unreadable, or no mapping (it must be ``shape``; ``fix`` says what to do)."""
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        raise DanaError(f"{path}: unreadable {what}: {e}") from None
+    if not isinstance(values, dict):
+        raise DanaError(f"{path}: not a {what} ({shape}); {fix}")
+    return values
 
 
 def _fmt(value: float) -> str:

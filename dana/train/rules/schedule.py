@@ -28,8 +28,7 @@ class LRSchedule:
     decay_factor: float = 0.1
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        check_lr(self.lr)
         if not self.warmup_epochs >= 0:
             raise ValueError(f"warmup_epochs must be >= 0, got {self.warmup_epochs!r}")
         if not 0 < self.decay_factor <= 1:
@@ -51,10 +50,16 @@ class LRSchedule:
         return lr * self.decay_factor ** bisect.bisect_right(self.decay_epochs, epoch)
 
 
-def constant_schedule(lr: float) -> Callable[[float], float]:
-    """A rate of ``lr`` at every epoch (checked: a positive, finite number)."""
+def check_lr(lr: float) -> float:
+    """``lr``, checked: a positive, finite number (ValueError otherwise)."""
     if not (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
+    return lr
+
+
+def constant_schedule(lr: float) -> Callable[[float], float]:
+    """A rate of ``lr`` at every epoch (:func:`check_lr`)."""
+    check_lr(lr)
     return lambda epoch: lr
 
 

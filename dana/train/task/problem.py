@@ -71,7 +71,54 @@ def token_cross_entropy(out: Tensor, target: Tensor) -> Tensor:
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
 
 
-class Problem:
+class FlatProblem:
+    """What a problem does through its flat model (``flat``), its loss (``loss_fn``) and
+    its :meth:`inputs`, the same for dana's datasets and models (:class:`Problem`) and a
+    user's (:class:`dana.fitting.UserProblem`): the gradient, the engines' source, the
+    model file and the checkpointed buffers."""
+
+    flat: FlatModel
+    loss_fn: Any
+
+    def inputs(self, batch: Any) -> tuple[Any, Tensor]:
+        raise NotImplementedError
+
+    def model_info(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def initial_params(self) -> Tensor:
+        return self.flat.flat.clone()
+
+    def gradient(self, params: Tensor, batch: Any) -> tuple[Tensor, float]:
+        """The loss's gradient (no weight decay) at ``params`` on ``batch`` (see
+        :meth:`inputs`)."""
+        return self.flat.gradient(params, *self.inputs(batch), self.loss_fn)
+
+    def source(self) -> GradientSource:
+        """The model, loss and data, for the simulator's batched and threaded engines
+        (which compute gradients in any order: a batch's random draws, augmentation's,
+        are seeded by the batch, :meth:`Problem.batches`)."""
+        return GradientSource(self.flat, self.loss_fn, self.inputs)
+
+    def save_model(self, path: str | Path, params: Tensor) -> Path:
+        """Write the model at ``params`` (a run's final parameters, as evaluated), with
+        its buffers, to ``path`` (a run directory: its ``model.safetensors``;
+        :mod:`dana.train.records.modelfile`)."""
+        from dana.train.records.modelfile import save_model
+
+        flat = self.flat
+        with torch.no_grad():
+            flat.load(params.to(flat.flat.device, flat.flat.dtype))
+        return save_model(path, flat.module, self.model_info())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"buffers": self.flat.buffers_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.flat.load_buffers_state(state["buffers"])
+
+
+class Problem(FlatProblem):
     def __init__(self, config: TrainConfig, dataset: Dataset | None = None):
         self.config = config
         language = is_language_model(config.model)
@@ -140,12 +187,6 @@ class Problem:
             keyed=bool(self.dataset.augment),
         )
 
-    def source(self) -> GradientSource:
-        """The model, loss and data, for the simulator's batched and threaded engines
-        (augmentation draws no numbers in the order gradients are computed: a batch's
-        draws are seeded by its key, :meth:`batches`)."""
-        return GradientSource(self.flat, self.loss_fn, self.inputs)
-
     def inputs(self, batch: Tensor | tuple[Tensor, int]) -> tuple[Tensor, Tensor]:
         """The training examples of ``batch`` on the device: rows (unaugmented), or
         ``(rows, key)`` (augmented with draws seeded by ``key``: the same whenever and
@@ -156,14 +197,6 @@ class Problem:
         if key is not None:
             x = augment_batch(x, torch.Generator().manual_seed(key))
         return x, self.dataset.train_y[rows]
-
-    def initial_params(self) -> Tensor:
-        return self.flat.flat.clone()
-
-    def gradient(self, params: Tensor, batch: Tensor | tuple[Tensor, int]) -> tuple[Tensor, float]:
-        """The loss's gradient (no weight decay) at ``params`` on ``batch`` (see
-        :meth:`inputs`)."""
-        return self.flat.gradient(params, *self.inputs(batch), self.loss_fn)
 
     def evaluate(self, params: Tensor) -> dict[str, float]:
         """``{"loss", "error"}`` on the test set at ``params`` (the error of a language
@@ -181,20 +214,3 @@ class Problem:
         else:
             info.update(in_channels=ds.channels, image_size=ds.image_size)
         return info
-
-    def save_model(self, path: str | Path, params: Tensor) -> Path:
-        """Write the model at ``params`` (a run's final parameters, as evaluated), with
-        its buffers, to ``path`` (a run directory: its ``model.safetensors``;
-        :mod:`dana.train.records.modelfile`)."""
-        from dana.train.records.modelfile import save_model
-
-        flat = self.flat
-        with torch.no_grad():
-            flat.load(params.to(flat.flat.device, flat.flat.dtype))
-        return save_model(path, flat.module, self.model_info())
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"buffers": self.flat.buffers_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.flat.load_buffers_state(state["buffers"])
