@@ -7,10 +7,10 @@
 - ``dirichlet:ALPHA``: for every class, the proportions of its examples that go to each
   worker are drawn from a symmetric Dirichlet distribution ``Dir(ALPHA, ..., ALPHA)``
   (Yurochkin et al., "Bayesian Nonparametric Federated Learning of Neural Networks",
-  ICML 2019; the label-skew split of Li et al., "Federated Learning on Non-IID Data
-  Silos: An Experimental Study", ICDE 2022): small ``ALPHA`` (0.1) gives each worker a
-  few classes, large ``ALPHA`` (100) nearly IID parts. As there, the draw is repeated
-  until every worker holds at least ``min_size`` examples (a batch);
+  ICML 2019): small ``ALPHA`` (0.1) gives each worker a few classes, large ``ALPHA``
+  (100) nearly IID parts. The draw is repeated until every worker holds at least
+  ``min_size`` examples (a batch). NIID-Bench's label-skew split (Li et al., ICDE 2022)
+  also stops giving a worker examples once it holds ``N/k``; this one does not;
 - ``shards:N``: the examples sorted by label (ties in a random order) are cut into
   ``k*N`` contiguous shards of near-equal size, and each worker gets ``N`` of them at
   random (McMahan et al., "Communication-Efficient Learning of Deep Networks from
