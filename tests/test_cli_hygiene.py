@@ -117,3 +117,19 @@ def test_version_answers_without_importing_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith("dana ")
+
+
+def test_list_options_take_spaces_or_commas():
+    """`--lr-decay-epochs 1 2`, `1,2` and `"1 2"` are one list; so are the sweep's grid
+    lists (`--workers 1 16`, `--workers 1,16`)."""
+    from dana.cli import build_parser
+    from dana.train.options import collect_options
+
+    def decay(*values):
+        args = build_parser().parse_args(["train", "--lr-decay-epochs", *values, "--epochs", "4"])
+        return collect_options(args)["lr_decay_epochs"]
+
+    assert decay("1", "2") == decay("1,2") == decay("1 2") == [1.0, 2.0]
+    assert decay("") == []
+    sweep = build_parser().parse_args(["sweep", "--workers", "1", "16", "--seeds", "0,1", "2"])
+    assert (sweep.grid_workers, sweep.grid_seed) == ([1, 16], [0, 1, 2])

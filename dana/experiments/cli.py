@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from dana.errors import EXIT_ERROR, EXIT_OK
-from dana.train.options import add_train_options, collect_options, yaml_value
+from dana.train.options import FlattenLists, add_train_options, collect_options, yaml_value
 
 if TYPE_CHECKING:
     from dana.experiments.grid import SweepSpec
@@ -56,21 +56,21 @@ def _target(text: str) -> float:
 # -- dana sweep ---------------------------------------------------------------------------
 #: The grid's axes given as lists: (option, dest, item type, metavar, help).
 GRID_LISTS = [
-    ("--algorithms", "grid_algorithm", str, "A,B", "algorithms, e.g. ssgd,nag-asgd,dana-slim"),
+    ("--algorithms", "grid_algorithm", str, "A", "algorithms, e.g. ssgd nag-asgd dana-slim"),
     (
         "--workers",
         "grid_workers",
         int,
-        "K,K",
-        "worker counts, e.g. 1,4,16 (1: the one-worker baseline)",
+        "K",
+        "worker counts, e.g. 1 4 16 (1: the one-worker baseline)",
     ),
-    ("--seeds", "grid_seed", int, "S,S", "seeds, e.g. 0,1"),
+    ("--seeds", "grid_seed", int, "S", "seeds, e.g. 0 1"),
     (
         "--clusters",
         "grid_cluster",
         str,
-        "C,C",
-        "clusters (presets or files), e.g. datacenter,cloud,geo: a grid axis; the "
+        "C",
+        "clusters (presets or files), e.g. datacenter cloud geo: a grid axis; the "
         "report ranks the methods on each",
     ),
 ]
@@ -101,7 +101,14 @@ def add_sweep_parser(sub) -> None:
     )
     for flag, dest, item, metavar, help_ in GRID_LISTS:
         grid.add_argument(
-            flag, dest=dest, type=_list_of(item), default=S, metavar=metavar, help=help_
+            flag,
+            dest=dest,
+            type=_list_of(item),
+            nargs="+",
+            action=FlattenLists,
+            default=S,
+            metavar=metavar,
+            help=help_,
         )
     grid.add_argument(
         "--grid",

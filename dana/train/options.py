@@ -48,6 +48,14 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected numbers like '80,120', got {text!r}") from None
 
 
+class FlattenLists(argparse.Action):
+    """A list option (``nargs="+"``, each value parsed to a list) given as ``1 2``,
+    ``1,2`` or ``"1 2"``: every value's items, in order (``""``: an empty list)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, [x for value in values for x in value])
+
+
 def _int_or_auto(text: str) -> int | str:
     if text == "auto":
         return text
@@ -116,7 +124,8 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
         "--lr-decay-epochs",
         "lr_decay_epochs",
         _floats,
-        "epochs where lr is multiplied by --lr-decay-factor, e.g. 80,120",
+        "epochs where lr is multiplied by --lr-decay-factor, e.g. 80 120",
+        {"nargs": "+", "action": FlattenLists, "metavar": "EPOCH"},
     ),
     ("--lr-decay-factor", "lr_decay_factor", float, "learning-rate decay factor"),
     ("--warmup-epochs", "warmup_epochs", float, "linear warm-up from lr/k to lr over these epochs"),
