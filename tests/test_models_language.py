@@ -207,3 +207,12 @@ def test_text_quick_through_dana_sweep_and_dana_report(corpus, tmp_path):
     fig = error_vs_workers_figure(results)
     assert any(len(line.get_xdata()) for line in fig.axes[0].lines)  # no empty panel
     assert plot_error_curves(results, tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_the_model_follows_the_dataset_by_default():
+    """--model auto (the default): a language model for a dataset of tokens, the CNN for
+    images; a model given is kept, and config.json keeps the model chosen."""
+    assert TrainConfig().model == "cnn"
+    assert TrainConfig(dataset="text").model == "transformer-tiny"
+    assert TrainConfig(dataset="text", model="transformer-mini").model == "transformer-mini"
+    assert TrainConfig.from_dict(TrainConfig(dataset="text").to_dict()).model == "transformer-tiny"

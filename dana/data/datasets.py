@@ -331,6 +331,13 @@ def register_dataset(name: str, entry: DatasetEntry) -> DatasetEntry:
     return entry
 
 
+def dataset_kind(name: str) -> str:
+    """The kind of dataset ``name`` (``images`` or ``tokens``); ``images`` for an unknown
+    name (refused where it is loaded)."""
+    entry = DATASETS.get(name.strip().lower())
+    return entry.kind if entry is not None else "images"
+
+
 def reads_files(name: str) -> bool:
     """Whether dataset ``name`` reads files (``--data-dir``); an unknown name is refused
     where it is loaded."""

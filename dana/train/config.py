@@ -24,7 +24,7 @@ from typing import Any
 
 from dana import algorithms
 from dana.algorithms.base import Algorithm
-from dana.data.datasets import reads_files
+from dana.data.datasets import dataset_kind, reads_files
 from dana.errors import ConfigError
 from dana.textfile import parse_mapping, read_text
 from dana.train.backends import check_name
@@ -41,6 +41,8 @@ AUTO_WARMUP_STEPS = 60
 #: The automatic decay (x lr_decay_factor) comes at this fraction of the run.
 AUTO_DECAY_AT = 0.9
 DTYPES = ("float32", "float64")
+#: ``--model auto``: the model for a dataset of each kind (``dana.data.DatasetEntry.kind``).
+AUTO_MODELS = {"images": "cnn", "tokens": "transformer-tiny"}
 DEVICES = ("cpu", "cuda", "auto")
 
 
@@ -58,7 +60,7 @@ class TrainConfig:
     train_size: int | None = None
     test_size: int | None = None
     augment: bool | None = None
-    model: str = "cnn"
+    model: str = "auto"  # auto: AUTO_MODELS by the dataset's kind, set at construction
     epochs: float = 3.0
     batch_size: int = 128
     lr: float = 0.005
@@ -99,6 +101,10 @@ class TrainConfig:
     grow_at: str | None = None
     device: str = "cpu"
     batch_workers: int | str = 1
+
+    def __post_init__(self) -> None:
+        if self.model == "auto" and isinstance(self.dataset, str):
+            self.model = AUTO_MODELS[dataset_kind(self.dataset)]
 
     # -- construction -------------------------------------------------------------------
     @classmethod

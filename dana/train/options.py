@@ -113,7 +113,8 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
         "model",
         str,
         "resnet20/32/44/56 (resnetN), wrn-16-4 (wrn-D-W), cnn, mlp, linear; for --dataset "
-        "text: transformer-tiny, transformer-mini, transformer-small or transformer-L-W-T",
+        "text: transformer-tiny, transformer-mini, transformer-small or transformer-L-W-T; "
+        "auto: transformer-tiny for text, else cnn",
     ),
     ("--epochs", "epochs", float, "epochs of training data to consume"),
     ("--batch-size", "batch_size", int, "batch size per worker"),
