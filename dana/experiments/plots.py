@@ -58,13 +58,21 @@ def baseline_label(row: str) -> str:
 #: Line styles, one per pass through the ten colours: rows 11 to 20 are dashed, and so
 #: on, so that no two of up to 40 rows look alike.
 LINE_STYLES = ("-", "--", ":", "-.")
+#: Markers, one per row (cycled with a period prime to the colours'): a method is told
+#: apart by its marker too, in print and for readers who do not tell colours apart.
+MARKERS = "osD^vP*Xh<>p8"
 
 
 def _styles(rows: list[str]) -> dict[str, dict[str, str]]:
-    """Each row's ``color`` and ``ls`` (matplotlib's keywords), distinct for up to 40
-    rows: the ten default colours, then again with the next line style."""
+    """Each row's ``color``, ``ls`` and ``marker`` (matplotlib's keywords), distinct for
+    up to 40 rows: the ten default colours, then again with the next line style, and a
+    marker of its own."""
     return {
-        row: {"color": f"C{i % 10}", "ls": LINE_STYLES[(i // 10) % len(LINE_STYLES)]}
+        row: {
+            "color": f"C{i % 10}",
+            "ls": LINE_STYLES[(i // 10) % len(LINE_STYLES)],
+            "marker": MARKERS[i % len(MARKERS)],
+        }
         for i, row in enumerate(rows)
     }
 
@@ -176,7 +184,7 @@ def plot_error_curves(results: Results, path: Path) -> Path:
             if group is None or group is base:
                 continue
             epochs, errors = mean_curve(group)
-            ax.plot(epochs, errors, **styles[row], marker=".", label=row)
+            ax.plot(epochs, errors, **styles[row], ms=4, markevery=0.1, label=row)
             _band(ax, group, styles[row]["color"])
             shown += [v for v in errors if v <= ceiling]
         ax.set(
@@ -287,7 +295,7 @@ def _draw_against_workers(ax, results: Results, series, top: float, log: bool) -
         x = _jitter([p.workers for p in plain], i, len(series))
         label = row
         if plain:
-            ax.plot(x, [p.value for p in plain], marker="o", **styles[row], label=label)
+            ax.plot(x, [p.value for p in plain], **styles[row], label=label)
             label = None
         for p in points:
             if p in plain or (log and math.isfinite(p.value) and p.value <= 0):
@@ -427,7 +435,7 @@ def speedups_figure(results: Results, targets: list[Target]):
             points = sorted((k, up) for (r, k), (up, _) in cells.items() if r == row and up)
             label = row
             if points:
-                ax.plot(*zip(*points), marker="o", **styles[row], label=label)
+                ax.plot(*zip(*points), **styles[row], label=label)
                 label = None
             at_least = sorted((k, b) for (r, k), b in bounds.items() if r == row)
             for k, b in at_least:
@@ -548,7 +556,7 @@ def error_vs_time_figure(views: dict[str, tuple[Results, list[Target]]]):
         for row in results.rows:
             group = results.group(row, k)
             if group is not None and group is not base:
-                curves.append((group, dict(**styles[row], marker=".", ms=3), row))
+                curves.append((group, dict(**styles[row], ms=3, markevery=0.1), row))
         shown: list[float] = []
         for group, style, name in curves:
             times, values = mean_time_curve(group)
@@ -602,7 +610,7 @@ def class_shares_figure(panels: dict[str, Results]):
             if group is base:
                 style, name = BASELINE_STYLE, baseline_label(row)
             else:
-                style, name = dict(**styles[row], marker="o", ms=3), f"{row} k={k}"
+                style, name = dict(**styles[row], ms=3), f"{row} k={k}"
             ax.plot(range(len(dev)), dev, **style, label=name)
         ax.axhline(0.0, color="k", lw=0.8)
         ax.set(title=label or "all runs", xlabel="class", ylabel="applied share - data share (pp)")
@@ -638,7 +646,6 @@ def budget_curve_figure(panels: dict[str, Results]):
     rows = list(dict.fromkeys(r for res in panels.values() for r in res.rows))
     styles = _styles(rows)
     metric = next(iter(panels.values())).metric
-    markers = dict(zip(rows, "osD^vP*Xh<>p" * 4))
     for ax, k in zip(axes.flat, ks):
         series: dict[str, list[tuple[float, np.ndarray]]] = defaultdict(list)
         budgets: set[float] = set()
@@ -659,9 +666,8 @@ def budget_curve_figure(panels: dict[str, Results]):
             means = np.array([v.mean() for _, v in points])
             spread = np.array([[v.mean() - v.min(), v.max() - v.mean()] for _, v in points]).T
             is_base = name.endswith("(baseline)")
-            style = BASELINE_STYLE if is_base else dict(**styles[name])
-            marker = "o" if is_base else markers[name]
-            ax.errorbar(xs, means, yerr=spread, capsize=3, marker=marker, ms=5, **style, label=name)
+            style = dict(**BASELINE_STYLE, marker="o") if is_base else styles[name]
+            ax.errorbar(xs, means, yerr=spread, capsize=3, ms=5, **style, label=name)
             budgets.update(xs)
         ax.set_xscale("log")
         ax.set_xticks(sorted(budgets), [f"{b:.0f}" for b in sorted(budgets)])
@@ -709,7 +715,14 @@ def differences_figure(results: Results):
             color = styles[row]["color"]
             if len(values):
                 shown = np.minimum(values, top)
-                ax.scatter(np.full(len(values), x), shown, color=color, s=18, zorder=3)
+                ax.scatter(
+                    np.full(len(values), x),
+                    shown,
+                    color=color,
+                    marker=styles[row]["marker"],
+                    s=18,
+                    zorder=3,
+                )
                 ax.hlines(min(diff.mean, top), x - 0.3, x + 0.3, color=color, lw=2)
                 low = min(low, float(values.min()))
                 if diff.mean > top:
