@@ -324,7 +324,7 @@ def test_the_speedup_plot_says_why_a_cell_is_missing(tmp_path):
     for reason in (DIVERGED, NOT_REACHED, NO_SSGD):
         assert reason in texts
     assert "2.00×" in texts and "> 2.00×" in texts
-    assert "at least (ssgd not reached)" in _labels(fig.axes[0])
+    assert "hollow: at least (ssgd not reached)" in _labels(fig.axes[0])
     assert "| 12.5 (no ssgd) |" in time_table(results, 0.2)
 
 

@@ -230,7 +230,7 @@ ERROR_CLIP_FACTOR = 3.0
 GAP_CLIP_FACTOR = 100.0
 DIVERGED_MARKER, OFF_SCALE_MARKER = "x", "^"
 #: A lower bound on a speed-up (ssgd never reached the target): a hollow triangle.
-BOUND_MARKER, BOUND_LABEL = "^", "at least (ssgd not reached)"
+BOUND_MARKER, BOUND_LABEL = "o", "hollow: at least (ssgd not reached)"
 
 
 @dataclass
@@ -439,8 +439,10 @@ def speedups_figure(results: Results, targets: list[Target]):
                 label = None
             at_least = sorted((k, b) for (r, k), b in bounds.items() if r == row)
             for k, b in at_least:
-                color = styles[row]["color"]
-                ax.plot([k], [b], BOUND_MARKER, color=color, ms=9, mfc="none", label=label)
+                style = styles[row]  # (hollow: a lower bound)
+                ax.plot(
+                    [k], [b], style["marker"], color=style["color"], ms=9, mfc="none", label=label
+                )
                 label = None
         if bounds:
             ax.plot([], [], BOUND_MARKER, color="k", ms=9, mfc="none", label=BOUND_LABEL)
