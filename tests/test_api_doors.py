@@ -22,7 +22,7 @@ FIELDS = [f.name for f in dataclasses.fields(TrainConfig)]
 #: Fields dana.fit takes from the user's data and model, not from an argument.
 FROM_THE_DATA = {"dataset", "data_dir", "train_size", "test_size", "model", "augment"}
 #: dana.fit's argument for a field, where the name differs.
-ARGUMENT = {**{k: v for k, v in PYTHON_NAMES.items() if k != "algorithm_params"}}
+ARGUMENT = {k: v for k, v in PYTHON_NAMES.items() if k != "algorithm_params"}
 
 
 def _argument(field: str) -> str:

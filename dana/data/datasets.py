@@ -54,6 +54,8 @@ IDX_FILES = (
     "t10k-images-idx3-ubyte.gz",
     "t10k-labels-idx1-ubyte.gz",
 )
+#: MNIST's and Fashion-MNIST's classes (their labels are 0 to 9), and ``synthetic``'s.
+IDX_CLASSES = SYNTHETIC_CLASSES = 10
 _FASHION_HINT = (
     "install it with `apt-get install dataset-fashion-mnist` or pass --data-dir DIR "
     "holding the four IDX files"
@@ -168,8 +170,8 @@ def _load_idx(name: str, data_dir: str | os.PathLike[str] | None) -> Splits:
             raise ConfigError(f"dataset {name!r} needs --data-dir DIR holding the four IDX files")
         data_dir = DEFAULT_FASHION_DIR
     paths = _find_idx_files(name, Path(data_dir), default_dir)
-    train_x, train_y = _read_idx_pair(paths[0], paths[1], 10)
-    test_x, test_y = _read_idx_pair(paths[2], paths[3], 10)
+    train_x, train_y = _read_idx_pair(paths[0], paths[1], IDX_CLASSES)
+    test_x, test_y = _read_idx_pair(paths[2], paths[3], IDX_CLASSES)
     if test_x.shape[1:] != train_x.shape[1:]:
         raise DataError(
             f"{paths[2]}: test images are {tuple(test_x.shape[2:])}, "
@@ -267,13 +269,16 @@ class DatasetEntry:
 
 
 def _idx(request: Request):
-    return (*_load_idx(request.name, request.data_dir), 10)
+    return (*_load_idx(request.name, request.data_dir), IDX_CLASSES)
 
 
 def _synthetic(request: Request):
     train_size, test_size = request.train_size or 2000, request.test_size or 500
     _check_synthetic_fits(train_size, test_size)
-    return (*make_synthetic(request.seed, train_size=train_size, test_size=test_size), 10)
+    splits = make_synthetic(
+        request.seed, train_size=train_size, test_size=test_size, num_classes=SYNTHETIC_CLASSES
+    )
+    return (*splits, SYNTHETIC_CLASSES)
 
 
 def _cifar(request: Request):
@@ -331,17 +336,22 @@ def register_dataset(name: str, entry: DatasetEntry) -> DatasetEntry:
     return entry
 
 
+def _entry(name: str) -> DatasetEntry | None:
+    """The registry's entry of dataset ``name`` (any case, spaces around); ``None`` for
+    an unknown name, which :func:`load_dataset` refuses."""
+    return DATASETS.get(name.strip().lower())
+
+
 def dataset_kind(name: str) -> str:
     """The kind of dataset ``name`` (``images`` or ``tokens``); ``images`` for an unknown
-    name (refused where it is loaded)."""
-    entry = DATASETS.get(name.strip().lower())
+    name."""
+    entry = _entry(name)
     return entry.kind if entry is not None else "images"
 
 
 def reads_files(name: str) -> bool:
-    """Whether dataset ``name`` reads files (``--data-dir``); an unknown name is refused
-    where it is loaded."""
-    entry = DATASETS.get(name.strip().lower())
+    """Whether dataset ``name`` reads files (``--data-dir``); True for an unknown name."""
+    entry = _entry(name)
     return entry is None or entry.reads_files
 
 
