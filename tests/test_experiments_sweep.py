@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from dana.experiments.grid import Cell, SweepSpec, cell_name, expand
 from dana.experiments.presets import load_preset, preset_names
 from dana.experiments.report import build_report
 from dana.experiments.results import load_results
-from dana.experiments.sweep import threads_per_job
+from dana.experiments.sweep import LINUX, _die_with_parent, threads_per_job
 from dana.experiments.table import error_cell
 from dana.experiments.targets import time_to_target
 from dana.train.config import TrainConfig
@@ -460,6 +461,22 @@ def test_a_failing_run_does_not_stop_the_others(tmp_path):
     assert record == {"asgd_k2_s0_batch-size4096": "failed", "asgd_k2_s0_batch-size32": "finished"}
     assert "batch-size" in (out / "logs" / "asgd_k2_s0_batch-size4096.log").read_text()
     assert "| asgd (batch_size=4096) | failed |" in result.stdout
+    assert f"their output: {out / 'logs' / 'asgd_k2_s0_batch-size4096.log'}" in result.stderr
+
+
+@pytest.mark.skipif(not LINUX, reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_run_whose_sweep_died_before_it_was_tied_to_it_stops_at_once():
+    # the sweep killed between the fork and the prctl: its run must not live on, unseen
+    not_the_parent = os.getpid() + 1
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)"],
+        preexec_fn=partial(_die_with_parent, not_the_parent),
+    )
+    assert child.wait(timeout=30) == -signal.SIGTERM
+    child = subprocess.Popen(
+        [sys.executable, "-c", "pass"], preexec_fn=partial(_die_with_parent, os.getpid())
+    )
+    assert child.wait(timeout=30) == 0
 
 
 @pytest.mark.slow

@@ -265,8 +265,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.report:
         _print_report(out, None, args.target, None)
     if result.failed:
+        sweep = SweepDir(out)
+        logs = [sweep.output_file(name) for name in result.failed]
+        shown = ", ".join(str(log) for log in logs if log.is_file()) or "none"
         print(
-            f"dana sweep: failed: {', '.join(result.failed)}; see {out}/logs/NAME.log",
+            f"dana sweep: failed: {', '.join(result.failed)}; why: {sweep.log_file}; "
+            f"their output: {shown}",
             file=sys.stderr,
         )
         return EXIT_ERROR

@@ -59,8 +59,9 @@ class SweepDir:
     def cell_file(self, cell: Cell) -> Path:
         return self.cells / f"{cell.name}.json"
 
-    def output_file(self, cell: Cell) -> Path:
-        return self.logs / f"{cell.name}.log"
+    def output_file(self, name: str) -> Path:
+        """The output (stdout and stderr) of the run of the cell named ``name``."""
+        return self.logs / f"{name}.log"
 
     # -- cell state ---------------------------------------------------------------------
     def state(self, cell: Cell) -> str:

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -64,6 +65,8 @@ POLL_SECONDS = 0.5
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: Seconds a stopped run has to write its checkpoint before it is killed.
 STOP_SECONDS = 60
+#: Where a run can be tied to the sweep's life (``PR_SET_PDEATHSIG``).
+LINUX = sys.platform.startswith("linux")
 
 
 @dataclass
@@ -290,7 +293,7 @@ class _Runner:
             mode = "restart" if state == RESTART else "start"
         args += ["--threads", str(self.threads)]
         self.sweep.logs.mkdir(parents=True, exist_ok=True)
-        output = self.sweep.output_file(cell).open("ab")
+        output = self.sweep.output_file(cell.name).open("ab")
         env = {
             **os.environ,
             "OMP_NUM_THREADS": str(self.threads),
@@ -302,7 +305,7 @@ class _Runner:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=partial(_die_with_parent, os.getpid()) if LINUX else None,
         )
         self.running[cell.name] = _Job(cell, process, output, time.monotonic())
         self.result.status[cell.name] = "running"
@@ -371,7 +374,9 @@ class _Runner:
                 (self.sweep.run_dir(job.cell).path / MODEL_FILE).unlink(missing_ok=True)
             message = f"{outcome} {name} (exit {rc}, {seconds:.1f} s)"
             if self.result.status[name] == "failed":
-                message += f"; see {self.sweep.output_file(job.cell)}: {_tail(job.output.name)}"
+                message += (
+                    f"; see {self.sweep.output_file(job.cell.name)}: {_tail(job.output.name)}"
+                )
             self.sweep.log(message)
             if self.bar is not None:
                 self.bar.write(f"dana sweep: {message}", file=sys.stderr)
@@ -459,11 +464,15 @@ def _raise_stop(signum: int, frame: Any) -> None:
     raise _Stop(signal.Signals(signum).name)
 
 
-def _die_with_parent() -> None:
-    """In the child (Linux): get SIGTERM when the sweep dies, even by SIGKILL."""
+def _die_with_parent(parent: int) -> None:
+    """In the child (Linux): get SIGTERM when the sweep (pid ``parent``) dies, even by
+    SIGKILL, and at once if it died between the fork and this call (else the run would
+    live on unseen and race the sweep that resumes it)."""
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
