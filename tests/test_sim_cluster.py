@@ -74,6 +74,7 @@ EQUIVALENT = [
     ("easgd", 4, "gamma", 2, {"tau": 3}),
     ("local-dn", 5, "heterogeneous", None, {"local_steps": 2, "dynamic_steps": True}),
     ("dana-easgd", 4, "gamma", None, {"tau": 2}),
+    ("diloco", 3, "gamma", None, {"local_steps": 4}),  # (240 pushes: whole rounds)
 ]
 
 
@@ -149,6 +150,17 @@ def test_hand_computed_schedule_of_ssgd_rounds():
     sim.run(pushes=4)
     assert pushes(sim) == [(0, 25.0, 0), (1, 25.0, 0), (0, 49.0, 0), (1, 49.0, 0)]
     assert sim.updates == 2
+
+
+def test_hand_computed_schedule_of_diloco_rounds():
+    """diloco (H = 2) on ssgd's links above: each worker's two steps end 10 ms later
+    than ssgd's one (26 and 30), its push crosses the server's link 27-31 and 31-35: the
+    round ends at 35; round 2: answers 35-39 and 39-43, received 40 and 44, finished 60
+    and 64, pushes 61-65 and 65-69: it ends at 69."""
+    sim = simulator("diloco", 2, transfer_cluster(10.0, 0.5), timing="constant", local_steps=2)
+    sim.run(pushes=8)  # (gradient computations: two rounds of two workers' two steps)
+    assert pushes(sim) == [(0, 35.0, 0), (1, 35.0, 0), (0, 69.0, 0), (1, 69.0, 0)]
+    assert sim.updates == 2 and sim.steps == 8
 
 
 def test_hand_computed_schedule_with_two_servers():

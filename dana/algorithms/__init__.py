@@ -22,6 +22,7 @@ from dana.algorithms.dana import DanaDc, DanaGa, DanaSlim, DanaZero
 from dana.algorithms.dana_easgd import DanaEasgd
 from dana.algorithms.dc_asgd import DcAsgd
 from dana.algorithms.delay import DelayAdaptiveAsgd, RingmasterAsgd
+from dana.algorithms.diloco import Diloco
 from dana.algorithms.easgd import Eamsgd, Easgd
 from dana.algorithms.gap_aware import GapAware
 from dana.algorithms.local_sgd import DanaLocal, LocalDelayedNesterov, LocalNesterov, LocalSgd
@@ -55,6 +56,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
         LocalNesterov,
         LocalDelayedNesterov,
         DanaLocal,
+        Diloco,
         OrMo,
         OrMoDa,
         OrMoPush,

@@ -76,13 +76,17 @@ class SsgdMaster(MasterRule):
         return self._step(lr)
 
     def _step(self, lr: float) -> bool:
-        """The round's update: one momentum step with the mean of its gradients."""
-        momentum_step(self.theta, self.v, self.acc, self.momentum, lr, 1.0 / self.received)
+        """Close the round with its update."""
+        self._update(lr)
         self.acc.zero_()
         self.received = 0
         self.got.zero_()
         self.live_got = 0
         return True
+
+    def _update(self, lr: float) -> None:
+        """The round's update: one momentum step with the mean of its gradients."""
+        momentum_step(self.theta, self.v, self.acc, self.momentum, lr, 1.0 / self.received)
 
     def leave(self, worker: int, lr: float) -> bool:
         self.live[worker] = False

@@ -190,15 +190,15 @@ class Clock:
             self._serve(i, t)
 
     def _end_round(self, t: float) -> None:
-        """``ssgd``: if every worker in the run has its push complete, apply them all (in
-        worker order) and answer every pull."""
+        """A synchronous rule: if every worker in the run has its push complete, apply them
+        all (in worker order) and answer every pull."""
         arrived, away = self.arrived, self.away
         if not any(arrived) or not all(arrived[j] or away[j] for j in range(self.k)):
             return
         for j in range(self.k):
             if arrived[j]:
                 arrived[j] = False
-                self.sim.push(j)
+                self._push(j)
         for j in range(self.k):  # (every worker in the run: each one's push was in)
             if not away[j]:
                 self._serve(j, t)
@@ -210,7 +210,7 @@ class Clock:
         self.leaves += 1
         if sim.synchronous and self.arrived[i]:
             self.arrived[i] = False  # complete at the servers: the round keeps it
-            sim.push(i)
+            self._push(i)
         self.message[i] = None
         if sim.leave(i):
             self.lost += 1

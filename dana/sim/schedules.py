@@ -4,8 +4,9 @@
 - :class:`Free`: asynchronous workers, no bound. A priority queue of finish times (ties
   by worker index); the worker whose computation ends first pushes, pulls at once and
   starts its next computation on its next batch.
-- :class:`Rounds`: a synchronous algorithm (``ssgd``). All ``k`` workers pull the same
-  parameters; a round costs the slowest of its ``k`` computations.
+- :class:`Rounds`: a synchronous algorithm (``ssgd``, ``diloco``). All ``k`` workers
+  pull the same parameters; a round costs the slowest worker's computations (one each,
+  or a rule's ``H`` local steps and its push).
 - :class:`Bounded`: :class:`Free` under a staleness bound (:mod:`dana.sim.bound`). A push
   the bound refuses is held; after each applied push, held pushes are retried in the
   order they were held, then idle workers start in the order they began to wait.
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from dana.sim.clock import Clock
-from dana.sim.events import Events
+from dana.sim.events import Events, Work
 from dana.train.cluster.model import check_workers, is_trivial, resolve_cluster, timing_of
 from dana.train.cluster.timing import TimingModel, build_timing
 
@@ -87,7 +88,9 @@ class Free:
 
 
 class Rounds(Free):
-    """Synchronous rounds (the module docstring)."""
+    """Synchronous rounds (the module docstring). Within a round the workers' computations
+    end in time order (the queue), each local step on a worker's next batch; the round's
+    pushes are applied in worker order when its slowest worker is done."""
 
     def start(self) -> None:
         for i in range(self.sim.k):
@@ -95,14 +98,24 @@ class Rounds(Free):
 
     def step(self) -> None:
         sim, k = self.sim, self.sim.k
-        sim.sim_time += max(self.timing.sample(i) for i in range(k))
-        for i in range(k):
-            sim.push(i)
+        self.queue = [(sim.sim_time + self.timing.sample(i), i) for i in range(k)]
+        heapq.heapify(self.queue)
+        works: list[Work | None] = [None] * k
+        end = sim.sim_time
+        while self.queue:
+            finish, i = heapq.heappop(self.queue)
+            work = sim.compute(i)
+            if work is None:  # a local step: the next one on the next batch
+                sim.advance(i)
+                heapq.heappush(self.queue, (finish + self.timing.sample(i), i))
+                continue
+            works[i] = work
+            end = max(end, finish)
+        sim.sim_time = end
+        for i, work in enumerate(works):
+            sim.push(i, work)
         for i in range(k):
             sim.pull(i)
-
-    def due(self, i: int, size: int) -> list[int]:
-        return list(range(i + 1, self.sim.k))
 
 
 class Bounded(Free):
