@@ -12,8 +12,8 @@ import pytest
 import torch
 from clirun import run_dana
 
-from dana.data import load_dataset
-from dana.data.text import read_text, windows
+from dana.data import load_dataset, text
+from dana.data.text import fortune_files, read_fortunes, read_text, windows
 from dana.errors import ConfigError, DataError
 from dana.experiments.presets import load_preset
 from dana.experiments.results import load_results
@@ -71,7 +71,30 @@ def test_a_directory_gives_its_train_and_test_text(tmp_path):
     assert bytes(ds.test_x[0].tolist()) == b"goodbye "
 
 
-def test_bad_text_input_says_what_to_do(tmp_path):
+def test_a_directory_of_fortunes_puts_every_tenth_fortune_in_the_test_text(tmp_path):
+    fortunes = [f"fortune {n}: 50% of it\nends here\n".encode() for n in range(1, 26)]
+    (tmp_path / "b").write_bytes(b"%\n".join(fortunes[:12]) + b"%\n")
+    (tmp_path / "a").write_bytes(b"%\n".join(fortunes[12:]))  # (read first: file-name order)
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.dat").write_bytes(b"index")
+    (tmp_path / "c").write_bytes(b"no index beside it: not read\n")
+    (tmp_path / "a.u8").write_bytes(b"not a fortune file\n")
+    order = fortunes[12:] + fortunes[:12]
+    train, test = read_fortunes(fortune_files(tmp_path))
+    assert bytes(test.tolist()) == order[9] + b"%\n" + order[19] + b"%\n"
+    held = [f for n, f in enumerate(order, 1) if n % 10]
+    assert bytes(train.tolist()) == b"".join(f + b"%\n" for f in held)
+    ds = load_dataset("text", tmp_path, seq_len=8)
+    assert ds.test_size == (len(test) - 1) // 8
+
+
+@pytest.mark.skipif(not Path(text.DEFAULT_TEXT_DIR).is_dir(), reason="fortunes not installed")
+def test_without_a_data_dir_text_is_the_fortunes_corpus():
+    ds = load_dataset("text", None, seq_len=64)
+    assert ds.train_size == 2_313_989 // 64 and ds.test_size == (262_674 - 1) // 64
+
+
+def test_bad_text_input_says_what_to_do(tmp_path, monkeypatch):
     (tmp_path / "short.txt").write_text("too short")
     with pytest.raises(DataError, match="fewer than one sequence of 16 tokens.*at least 170 bytes"):
         read_text(tmp_path / "short.txt", 16)
@@ -79,8 +102,10 @@ def test_bad_text_input_says_what_to_do(tmp_path):
         read_text(tmp_path / "missing.txt", 16)
     with pytest.raises(DataError, match="train.txt and test.txt"):
         read_text(tmp_path, 16)
-    with pytest.raises(DataError, match="needs --data-dir"):
-        read_text(None, 16)
+    with monkeypatch.context() as m:
+        m.setattr(text, "DEFAULT_TEXT_DIR", str(tmp_path / "absent"))
+        with pytest.raises(DataError, match="without --data-dir.*apt-get install fortunes"):
+            read_text(None, 16)
     write_corpus(tmp_path / "c.txt")
     with pytest.raises(ConfigError, match="--augment"):
         load_dataset("text", tmp_path / "c.txt", seq_len=16, augment=True)
