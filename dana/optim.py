@@ -13,6 +13,16 @@ into the replica:
 3. ``master.push(rank, message, lr)``, then ``master.pull(rank, lr)`` and the replica
    computes its next gradient at ``rule.compute_at(pulled)``.
 
+The simulator pulls at the rate of the *next* update
+(:func:`~dana.train.rules.schedule.next_rate`), which a ``torch.optim.lr_scheduler`` sets
+only after ``step()``: :meth:`Worker.repull` after ``scheduler.step()`` makes the pull
+again at that rate (it changes what the look-ahead rules pull, ``nag-asgd``,
+``dana-zero``, ...; nothing with a constant rate). A rule whose worker rule depends on
+the number of workers ``k`` (EASGD's ``alpha = beta/k``) is built for the
+:class:`Master`'s ``k``, as ``dana train`` builds it; fed the simulator's gradients in
+its order, every asynchronous rule then gives the simulator's parameters bit for bit
+(tests/test_api_optim.py).
+
 With DANA-Slim (Hakimi, Barkai, Gabel, Schuster, "Taming Momentum in a Distributed
 Asynchronous Environment", arXiv 1907.11612) each worker keeps its momentum ``v_i`` and
 sends ``u = g + m*v_i`` after ``v_i = m*v_i + g``; the master does ``Theta -= lr*u``.
@@ -38,6 +48,7 @@ in a server process, for instance), instead of the master itself.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -54,6 +65,10 @@ __all__ = ["Link", "Master", "Worker"]
 #: A worker rule's state entry shown under torch's own name in ``state_dict()``:
 #: DANA-Slim's ``v`` is ``torch.optim.SGD``'s momentum buffer.
 TORCH_NAMES = {"v": "momentum_buffer"}
+#: The entries of ``Worker.state_dict()`` beside the rule's: the parameters the worker
+#: pulled (per parameter; the simulator's ``sent``) and the rate of that pull (in the
+#: first parameter's entry; None after a local step).
+PULLED, PULL_LR = "pulled", "pull_lr"
 
 
 class Link(Protocol):
@@ -76,6 +91,23 @@ def _tensors(params: Iterable[Any] | Tensor) -> list[Tensor]:
     return found
 
 
+def _for_workers(algorithm: Algorithm, workers: int) -> Algorithm:
+    """``algorithm`` built for a run of ``workers`` workers, as ``dana train`` builds it
+    (:meth:`~dana.train.config.TrainConfig.algorithm_hparams`): an algorithm whose worker
+    rule depends on ``k`` (the elastic-averaging rules' ``alpha = beta/k``) takes it as
+    its hyper-parameter ``workers``, since each :class:`Worker` builds the rule of one
+    worker only; any other is returned as it is (its master rule takes ``k`` itself)."""
+    if _unbound(algorithm):
+        return dataclasses.replace(algorithm, workers=workers)
+    return algorithm
+
+
+def _unbound(algorithm: Algorithm) -> bool:
+    """Whether ``algorithm`` takes the hyper-parameter ``workers`` and was given none."""
+    hparams = algorithm.hparams()
+    return "workers" in hparams and hparams["workers"] is None
+
+
 class Master:
     """The master of one asynchronous run: the master rule of ``algorithm`` over a flat
     copy of ``params``, serving :meth:`pull` and :meth:`push` one at a time (a lock makes
@@ -88,7 +120,10 @@ class Master:
         algorithm: a name of ``dana algorithms`` (default ``dana-slim``), or an
             :class:`~dana.algorithms.base.Algorithm`. A synchronous one (``ssgd``) needs
             rounds that threads pushing freely do not make: refused with several workers.
-        workers: how many workers will push (``k``; default 8).
+        workers: how many workers will push (``k``; default 8). Every ``k``-dependent
+            default of the rule is taken for it, as in the simulator: EASGD's ``alpha =
+            beta/k``, Local-SGD's weight ``sqrt(k)/k``, Delayed Nesterov's ``N``,
+            SMEGA2's cycle, the concurrency ``C``, Ringmaster's ``R``.
         **hparams: the algorithm's hyper-parameters (``momentum=0.9``).
     """
 
@@ -105,6 +140,7 @@ class Master:
             self.algorithm = algorithm
         else:
             self.algorithm = algorithms.build(algorithm, **hparams)
+        self.algorithm = _for_workers(self.algorithm, workers)
         if self.algorithm.synchronous and workers > 1:
             raise ValueError(
                 f"{self.algorithm.name} is synchronous (rounds of k pushes at the same "
@@ -167,6 +203,9 @@ class Master:
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load a state of :meth:`state_dict`, after the Workers are built: a Worker's
+        construction pulls, and many master rules record a pull (what they sent, the
+        update count: DC-ASGD, the delay-aware rules, ...)."""
         if state.get("algorithm") != self.algorithm.name or state.get("workers") != self.workers:
             raise ValueError(
                 f"the state is of {state.get('algorithm')!r} with {state.get('workers')} "
@@ -185,7 +224,10 @@ class Worker(torch.optim.Optimizer):
     worker.step()`` pushes this replica's message to the master and pulls its next
     parameters (the module docstring gives the rule). ``state_dict()`` is in torch's
     format, each rule state per parameter (DANA-Slim's ``v`` as ``momentum_buffer``, as
-    in ``torch.optim.SGD``).
+    in ``torch.optim.SGD``), with the parameters the worker pulled (``pulled``): loaded,
+    the worker resumes where it was, in the middle of a cycle of local steps too.
+    Its parameters are fixed at construction (the master holds as many):
+    ``add_param_group`` is refused.
 
     Args:
         params: the replica's parameters or parameter groups (torch's format); they
@@ -197,7 +239,8 @@ class Worker(torch.optim.Optimizer):
             groups' ``lr``, which must be equal: a message is applied at one rate).
         weight_decay: as ``torch.optim.SGD``'s (default ``dana train``'s, 1e-4). The
             momentum is the algorithm's, given to the :class:`Master`.
-        algorithm: only with a :class:`Link` that is not a :class:`Master`.
+        algorithm: only with a :class:`Link` that is not a :class:`Master`, and then
+            built for the run's ``k`` (``workers=k`` for the rules that take it).
         speed: this worker's speed over the fastest worker's, for Dynamic Local
             Updates (``dynamic_steps``).
     """
@@ -217,11 +260,18 @@ class Worker(torch.optim.Optimizer):
             raise ValueError(f"lr must be >= 0, got {lr!r}")
         if not weight_decay >= 0.0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+        self._constructed = False
         super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
+        self._constructed = True
         if algorithm is None:
             if not isinstance(master, Master):
                 raise ValueError("give algorithm= when the master is a link, not a Master")
             algorithm = master.algorithm
+        elif _unbound(algorithm):
+            raise ValueError(
+                f"{algorithm.name}'s worker rule depends on the number of workers: build "
+                f"it for the run's k, algorithms.build({algorithm.name!r}, ..., workers=k)"
+            )
         self.master, self.rank, self.algorithm = master, int(rank), algorithm
         tensors = [p for group in self.param_groups for p in group["params"]]
         if len({id(p) for p in tensors}) != len(tensors):
@@ -250,6 +300,8 @@ class Worker(torch.optim.Optimizer):
         # A rule that computes at what it pulled: pull straight into the replica.
         self._direct = type(self.rule).compute_at is WorkerRule.compute_at
         self._pulled = self._flat if self._direct else torch.empty_like(self._flat)
+        #: the rate of the pull the next computation starts from (None: a local step)
+        self._pull_lr: float | None = None
         self._pull()
 
     # -- flat vectors ------------------------------------------------------------------
@@ -290,6 +342,7 @@ class Worker(torch.optim.Optimizer):
         with torch.no_grad():
             self.master.pull(self.rank, lr, self._pulled)
             self._compute_at()
+        self._pull_lr = lr
 
     def _compute_at(self) -> None:
         p = self.rule.compute_at(0, self._pulled)
@@ -318,11 +371,36 @@ class Worker(torch.optim.Optimizer):
         sent = self.rule.message(0, message)
         if sent is None:  # a local step: compute again from the worker's own parameters
             self._compute_at()
+            self._pull_lr = None
             return loss
         self.master.push(self.rank, sent, lr)
-        self.master.pull(self.rank, lr, self._pulled)
-        self._compute_at()
+        self._pull()
         return loss
+
+    def repull(self) -> bool:
+        """Make the last pull again at the groups' rate now, if it changed since: call it
+        after ``scheduler.step()`` (before the next forward pass) to pull at the rate of
+        the next step, as the simulator does
+        (:func:`~dana.train.rules.schedule.next_rate`). The look-ahead rules' pulls depend
+        on the rate (``nag-asgd``, ``dana-zero``, ``dana-dc``, ``dana-ga``, ``gap-aware``,
+        ``lwp-asgd``); with one master and the workers stepped in turn the pull is the
+        simulator's exactly. After a local step the worker pulled nothing (it computes
+        from its own parameters): nothing to redo. Returns whether it pulled."""
+        if self._pull_lr is None or self._pull_lr == self._lr():
+            return False
+        self._pull()
+        return True
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Torch's, while the constructor takes the groups; refused afterwards: the
+        parameters are views of one flat vector, and the master holds as many."""
+        if self._constructed:
+            raise ValueError(
+                "a dana.optim.Worker's parameters are fixed at construction (the Master "
+                "holds as many): give every parameter group to Worker(...), and the same "
+                "parameters to Master(...), when you build them"
+            )
+        super().add_param_group(param_group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients (in the flat buffer the parameters' ``.grad`` view; torch's
@@ -347,13 +425,16 @@ class Worker(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         per_element, rest = self._rule_entries()
+        pulled = self._pulled.clone().split(self._sizes)
         self.state.clear()
         for i, p in enumerate(self._tensors):
             entry: dict[str, Any] = {}
             for key, value in per_element.items():
                 entry[TORCH_NAMES.get(key, key)] = value.split(self._sizes)[i].view_as(p)
+            entry[PULLED] = pulled[i].view_as(p)
             if i == 0:
                 entry.update({f"rule.{key}": value for key, value in rest.items()})
+                entry[PULL_LR] = self._pull_lr
             self.state[p] = entry
         try:
             return super().state_dict()
@@ -375,4 +456,11 @@ class Worker(torch.optim.Optimizer):
             if isinstance(held[key], Tensor):
                 loaded[key] = value.reshape(held[key].shape).to(held[key])
         self.rule.load_state_dict(loaded)
+        first = self.state[self._tensors[0]]
+        if PULLED in first:  # (a torch.optim.SGD state has none: keep this worker's pull)
+            with torch.no_grad():
+                parts = [self.state[p][PULLED].reshape(-1) for p in self._tensors]
+                torch.cat(parts, out=self._pulled)
+                self._compute_at()
+            self._pull_lr = first[PULL_LR]
         self.state.clear()

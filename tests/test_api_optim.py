@@ -5,8 +5,13 @@ import threading
 
 import pytest
 import torch
+from conftest import make_least_squares
 
 import dana.optim
+from dana import algorithms
+from dana.sim import Simulator
+from dana.train.rules.schedule import LRSchedule
+from dana.train.task.batches import BatchStream
 
 
 def _net(seed=0):
@@ -186,3 +191,148 @@ def test_bad_uses_are_refused_with_a_message():
         worker.step()
     with pytest.raises(ValueError, match="parameters"):
         dana.optim.Worker(torch.nn.Linear(2, 2).parameters(), master)
+    with pytest.raises(ValueError, match="fixed at construction"):
+        worker.add_param_group({"params": [torch.zeros(2, requires_grad=True)]})
+    # EASGD's alpha = beta/k: the Master's k reaches each Worker; a link's rule needs it
+    elastic = dana.optim.Master(model.parameters(), algorithm="easgd", workers=4)
+    assert dana.optim.Worker(model.parameters(), elastic).rule.alpha == 0.9 / 4
+    with pytest.raises(ValueError, match=r"workers=k"):
+        dana.optim.Worker(model.parameters(), elastic, algorithm=algorithms.build("easgd"))
+
+
+# -- dana.optim is the simulator ----------------------------------------------------------
+#: Every registered asynchronous rule.
+ASYNC = [name for name, cls in algorithms.ALGORITHMS.items() if not cls.synchronous]
+K, STEPS, WD = 3, 60, 1e-3
+PROBLEM = make_least_squares(d=6, n=48, seed=2)
+SHAPES = [(2, 2), (2,)]  # the replicas' two tensors, the flat parameters' 4 + 2
+
+
+def _hparams(name):
+    """Short cycles, so that 60 computations make several: 3 local steps per push."""
+    names = algorithms.hparam_names(name)
+    return {key: 3 for key in ("local_steps", "tau") if key in names}
+
+
+def _rates(scheduled):
+    """A constant rate, or one that warms up over 24 computations and then decays."""
+    return LRSchedule(0.1, workers=K, warmup_epochs=2, decay_epochs=(3,)) if scheduled else 0.1
+
+
+class _Recorded(Simulator):
+    """The simulator, recording its events in order: ``("pull", i, rate, None)`` and
+    ``("step", i, rate, batch)`` (a computation, pushed or a local step)."""
+
+    def pull(self, i):
+        self.__dict__.setdefault("events", []).append(("pull", i, self.lr(), None))
+        super().pull(i)
+
+    def push(self, i, work=None):
+        self.events.append(("step", i, self.lr(), self.batch[i].clone()))
+        return super().push(i, work)
+
+
+def _simulate(name, scheduled):
+    algorithm = algorithms.build(name, **_hparams(name))
+    sim = _Recorded(
+        algorithm,
+        torch.zeros(PROBLEM.d, dtype=torch.float64),
+        PROBLEM.gradient,
+        BatchStream(PROBLEM.n, 4),
+        K,
+        lr=_rates(scheduled),
+        weight_decay=WD,
+        timing="gamma",
+        seed=1,
+        measure_gap=False,
+    )
+    sim.run(pushes=STEPS)
+    return sim
+
+
+class _Run:
+    """dana.optim in a user's loop: a Master and K Workers over replicas of two tensors,
+    built at the simulator's first pulls (each at its rate)."""
+
+    def __init__(self, name, first_rates, init=0.0):
+        model = [torch.full(shape, init, dtype=torch.float64) for shape in SHAPES]
+        self.master = dana.optim.Master(model, name, workers=K, **_hparams(name))
+        self.replicas = [[torch.nn.Parameter(t.clone()) for t in model] for _ in range(K)]
+        self.workers = [
+            dana.optim.Worker(replica, self.master, rank=i, lr=rate, weight_decay=WD)
+            for i, (replica, rate) in enumerate(zip(self.replicas, first_rates))
+        ]
+
+    def apply(self, event, repull=True):
+        """A step of worker ``i`` on the simulator's batch at its rate, or (the rate of
+        the next step set, as a scheduler would) its pull again at that rate."""
+        kind, i, rate, batch = event
+        worker, replica = self.workers[i], self.replicas[i]
+        for group in worker.param_groups:
+            group["lr"] = rate
+        if kind == "pull":
+            if repull:
+                worker.repull()
+            return
+        flat = torch.cat([p.detach().reshape(-1) for p in replica])
+        grad, _ = PROBLEM.gradient(flat, batch)
+        for p, g in zip(replica, grad.split([p.numel() for p in replica])):
+            p.grad = g.view_as(p)
+        worker.step()
+
+
+def _start(name, sim, **kw):
+    first = sim.events[:K]
+    assert [(kind, i) for kind, i, _, _ in first] == [("pull", i) for i in range(K)]
+    return _Run(name, [rate for _, _, rate, _ in first], **kw), sim.events[K:]
+
+
+@pytest.mark.parametrize("scheduled", [False, True], ids=["constant", "scheduled"])
+@pytest.mark.parametrize("name", ASYNC)
+def test_every_rule_gives_the_simulators_parameters(name, scheduled):
+    """Fed the simulator's gradients in its order (3 workers, gamma timing, weight decay,
+    local steps), a Master and its Workers end at the simulator's parameters bit for
+    bit, the k-dependent defaults taken for k = 3 (EASGD's alpha = beta/k), under a
+    warm-up and decay schedule too (each pull again at the next step's rate)."""
+    sim = _simulate(name, scheduled)
+    run, events = _start(name, sim)
+    for event in events:
+        run.apply(event)
+    assert torch.equal(run.master.params(), sim.params())
+
+
+@pytest.mark.parametrize("name", ["nag-asgd", "dana-zero"])
+def test_a_schedule_needs_the_pull_again_at_the_next_rate(name):
+    """Without Worker.repull() the look-ahead rules pull at the rate of the step just
+    taken, not of the next one: under the warm-up they end measurably off (the size
+    docs/USAGE.md gives)."""
+    sim = _simulate(name, scheduled=True)
+    run, events = _start(name, sim)
+    for event in events:
+        run.apply(event, repull=False)
+    assert (run.master.params() - sim.params()).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ASYNC)
+def test_state_round_trip_resumes_exactly(name):
+    """The run saved after half its events (some workers in the middle of a cycle of
+    local steps, one between its step and its pull again), loaded into a new Master and
+    Workers built from other parameters, and resumed: the simulator's parameters, bit
+    for bit. The Master's state is loaded after the Workers are built (their first pull
+    is an event of the master)."""
+    sim = _simulate(name, scheduled=True)
+    run, events = _start(name, sim)
+    half = next(n for n in range(len(events) // 2, len(events)) if events[n][0] == "pull")
+    for event in events[:half]:
+        run.apply(event)
+    saved = copy.deepcopy((run.master.state_dict(), [w.state_dict() for w in run.workers]))
+    if name == "local-sgd":  # a worker in the middle of its cycle
+        assert any(state["state"][0]["rule.t"] > 0 for state in saved[1])
+
+    resumed = _Run(name, [1.0] * K, init=0.5)
+    resumed.master.load_state_dict(saved[0])
+    for worker, state in zip(resumed.workers, saved[1]):
+        worker.load_state_dict(state)
+    for event in events[half:]:
+        resumed.apply(event)
+    assert torch.equal(resumed.master.params(), sim.params())
