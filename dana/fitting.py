@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from dana.train.device import resolve_device
 from dana.train.entries import Tracking, check_callable, check_model, entry_config
 from dana.train.records.pushlog import PushLog
 from dana.train.records.rundir import RunDir, check_local
+from dana.train.records.tracking import require_trackers
 from dana.train.resources import check_threads, default_threads, torch_threads
 from dana.train.task import inputs as I
 from dana.train.task.batches import BatchStream, WorkerBatches, batches_for
@@ -54,13 +55,23 @@ from dana.train.task.evaluation import (
     MetricFn,
     check_metrics,
     cross_entropy,
+    eval_batch_size,
     metric_column,
     perplexity,
     probe_task,
 )
 from dana.train.task.flat import FlatModel, LossFn
 from dana.train.task.problem import FlatProblem
-from dana.train.task.reading import Data, MapData, ReadBatches, TensorData, data_source, place
+from dana.train.task.reading import (
+    Data,
+    MapData,
+    ReadBatches,
+    TensorData,
+    data_source,
+    place,
+    reading,
+    resolve,
+)
 from dana.train.training import add_columns, execute_run, start_run
 
 ModelOrFactory = nn.Module | Callable[[], nn.Module]
@@ -113,7 +124,8 @@ class UserProblem(FlatProblem):
     rate where the outputs and targets define one, and the ``metrics`` hook's values;
     token prediction (``N x T x V`` outputs against ``N x T`` integer targets) also
     gets ``test_perplexity``. ``test``: the evaluation data (the driver's; None in a
-    Ray worker). The training data are read as :mod:`dana.train.task.reading` says.
+    Ray worker), read a batch at a time at each evaluation. The training data are read
+    as :mod:`dana.train.task.reading` says.
     """
 
     def __init__(
@@ -121,7 +133,7 @@ class UserProblem(FlatProblem):
         config: TrainConfig,
         spec: UserProblemSpec,
         model: nn.Module,
-        test: TensorData | None = None,
+        test: Data | None = None,
         metrics: Mapping[str, MetricFn] | None = None,
     ):
         if not isinstance(model, nn.Module):
@@ -134,23 +146,29 @@ class UserProblem(FlatProblem):
             self.flat = FlatModel(model, self.dtype)
         except ValueError as e:
             raise ConfigError(f"model: {e}") from None
-        train = spec.train
-        self.train = train.to(self.device, self.dtype) if isinstance(train, TensorData) else train
-        labels = self.train.labels
+        self.train = self._placed(spec.train)
+        # the bias meter counts the classes of a batch's rows: none for read batches
+        labels = self.train.labels if isinstance(self.train, TensorData) else None
         classes = labels is not None and labels.dim() == 1 and not labels.is_floating_point()
-        self.dataset = UserData(train.n, labels if classes else None)
-        self.test = None if test is None else test.to(self.device, self.dtype)
+        self.dataset = UserData(self.train.n, labels if classes else None)
+        self.test = None if test is None else self._placed(test)
         self.metrics = dict(metrics or {})
         #: metrics.csv's columns of the metric hook, and the derived perplexity.
         self.measured = tuple(metric_column(name) for name in self.metrics)
         self.derived: dict[str, Callable[[dict[str, float]], float]] = {}
-        if self.test is not None and probe_task(self.flat.module, *self.probe()) == TOKENS:
-            self.derived["test_perplexity"] = perplexity
+        if self.test is not None:
+            x, y = self.probe()
+            self.test_batch = eval_batch_size(y)  # (examples an evaluation reads at once)
+            if probe_task(self.flat.module, x, y) == TOKENS:
+                self.derived["test_perplexity"] = perplexity
+
+    def _placed(self, data: Data) -> Data:
+        """``data``, on the device if held in memory (read batches are placed as read)."""
+        return data.to(self.device, self.dtype) if isinstance(data, TensorData) else data
 
     def probe(self) -> tuple[I.Inputs, Tensor]:
-        """Two test examples."""
-        rows = torch.arange(min(2, len(self.test.y)), device=self.test.y.device)
-        return self.test.rows(rows)
+        """Two test examples, on the device."""
+        return self.inputs(self.test.rows(torch.arange(min(2, self.test.n))))
 
     def batches(
         self, seed: int, worker: int | None = None
@@ -175,16 +193,13 @@ class UserProblem(FlatProblem):
 
     def inputs(self, batch: Any) -> tuple[I.Inputs, Tensor]:
         """A batch's examples on the device: rows of the tensors, or a read batch."""
-        if torch.is_tensor(batch):
-            x, y = self.train.rows(batch)
-        else:
-            x, y = batch
+        x, y = self.train.rows(batch) if torch.is_tensor(batch) else resolve(batch)
         return place(x, self.device, self.dtype), place(y, self.device, self.dtype)
 
     def evaluate(self, params: Tensor) -> dict[str, float]:
-        """The test set's loss, error rate and metrics at ``params``."""
-        test = self.test
-        return self.flat.measure(params, test.x, test.y, self.loss_fn, metrics=self.metrics)
+        """The test set's loss, error rate and metrics at ``params``, a batch at a time."""
+        batches = map(self.inputs, self.test.batches(self.test_batch))
+        return self.flat.measure_batches(params, batches, self.loss_fn, self.metrics)
 
     def model_info(self) -> dict[str, Any]:
         """The model file's metadata: a user's model, loaded into the user's factory."""
@@ -266,10 +281,12 @@ def fit(
     device: str | torch.device = TrainConfig.device,
     batch_workers: int | str = TrainConfig.batch_workers,
     threads: int | None = None,
+    num_workers: int = 0,
     out: str | Path | None = None,
     progress: bool = False,
     mlflow: str | None = TrainConfig.mlflow,
     mlflow_experiment: str = TrainConfig.mlflow_experiment,
+    wandb: str | None = TrainConfig.wandb,
     run_name: str | None = None,
     tags: dict[str, Any] | None = None,
     tensorboard: str | Path | None = None,
@@ -304,13 +321,18 @@ def fit(
         device: where it computes (``"cpu"``, ``"cuda"``, ``"auto"``, a ``torch.device``;
             on Ray the workers, each with a share of the GPUs).
         threads: the simulator's CPU threads (default 1, or ``OMP_NUM_THREADS``).
+        num_workers: reader processes of a map-style ``Dataset`` (DataLoader's option;
+            default 0: read in process), in each process that reads (the simulator's,
+            each Ray worker's); the same batches whatever the number.
         out: write the run directory there (new or empty; the final model as
             ``model.safetensors``: ``dana.load_model(out, model=make_model)``); default a
             temporary one, removed at the end. A failed fit leaves nothing there.
         progress: show a progress bar.
         mlflow, mlflow_experiment, run_name, tags: also track the run in MLflow, as an
             MLflow run named ``run_name`` (default: the run directory's name) with
-            ``tags`` besides ``dana.run_dir``.
+            ``tags`` besides ``dana.run_dir`` (the run directory, with ``out=``).
+        wandb: also track the run in Weights & Biases, in this project (offline unless
+            the environment sets ``WANDB_MODE``).
         tensorboard: also write TensorBoard logs into this directory.
         **hparams: the algorithm's other hyper-parameters.
 
@@ -328,35 +350,40 @@ def fit(
         fit,
         locals(),
         dataset="user",
-        model=type(model).__name__ if isinstance(model, nn.Module) else "user",
+        model="user",  # its class once built, below
         augment=False,
         device=where.type,
         mlflow=None if mlflow is None else str(mlflow),
         tensorboard=tensorboard is not None,
     )
-    if config.mlflow:
-        from dana.train.records.tracking import import_mlflow
-
-        import_mlflow()
+    require_trackers(config.to_dict())
     metrics = check_metrics(metrics)
-    train_data = data_source(train, "train")
-    test_data = train_data if test is None else data_source(test, "test")
-    if not isinstance(test_data, TensorData):
-        test_data = test_data.every()
+    train_data = data_source(train, "train", num_workers)
+    test_data = train_data if test is None else data_source(test, "test", num_workers)
     if batch_size > train_data.n:
         raise ConfigError(
             f"batch_size {batch_size} is larger than the {train_data.n} training examples"
         )
     spec = UserProblemSpec(model, train_data, loss_fn, str(where))
     instance = model if isinstance(model, nn.Module) else seeded_model(model, seed)
+    config = replace(config, model=type(instance).__name__)  # what trackers show
     problem = UserProblem(config, spec, instance, test_data, metrics)
     if out is None:
-        with tempfile.TemporaryDirectory(prefix="dana-fit-") as tmp, torch_threads(threads):
-            return _run(config, problem, RunDir(Path(tmp) / "run"), progress, threads, tracking)
+        with (
+            tempfile.TemporaryDirectory(prefix="dana-fit-") as tmp,
+            torch_threads(threads),
+            reading(train_data, test_data),
+        ):
+            run = RunDir(Path(tmp) / "run")
+            return _run(config, problem, run, progress, threads, tracking, kept=False)
     check_local(out, "out")
     run = RunDir(out)
     run.check_new("out")
-    with run.removed_on_failure(errors=(Exception,), keep_results=False), torch_threads(threads):
+    with (
+        run.removed_on_failure(errors=(Exception,), keep_results=False),
+        torch_threads(threads),
+        reading(train_data, test_data),
+    ):
         result = _run(config, problem, run, progress, threads, tracking)
     result.run_dir = run.path
     return result
@@ -369,7 +396,10 @@ def _run(
     progress: bool,
     threads: int,
     tracking: Tracking,
+    kept: bool = True,
 ) -> FitResult:
+    """The fit of ``problem`` into ``run`` (``kept``: False for a temporary directory,
+    deleted afterwards, which no tracker may name)."""
     from dana.version import __version__
 
     runner_cls = runner_class(config.backend)
@@ -381,9 +411,9 @@ def _run(
         run.tensorboard = tracking.tensorboard
         run.open_tensorboard()
     title = f"{config.algorithm}, k={config.workers}, {config.model}"
-    mlflow_run = {"run_name": tracking.run_name, "tags": tracking.tags}
+    tracked = {"name": tracking.run_name, "tags": tracking.tags, "kept": kept}
     try:
-        summary = execute_run(runner, config, run, title, progress, problem, mlflow_run)
+        summary = execute_run(runner, config, run, title, progress, problem, tracked)
     except DanaError as e:
         if "No module named" not in str(e):
             raise

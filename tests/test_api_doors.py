@@ -78,7 +78,7 @@ SIM_VALUES = {
     "timing": "constant", "timing_params": {"duration": 50.0}, "cluster": {"name": "doors", "network": {"latency_ms": 1.0}},
     "partition": "shards:1", "max_staleness": 2, "seed": 3, "eval_every": 0.5,
     "checkpoint_every": 1.0, "dtype": "float64", "compress": "fp16", "batch_workers": 2,
-    "mlflow_experiment": "doors", "servers": 2,
+    "mlflow_experiment": "doors", "servers": 2, "wandb": "doors",
 }  # fmt: skip
 RAY_VALUES = {
     "backend": "ray", "address": "auto", "standby": False, "server_timeout": 30.0,
@@ -93,6 +93,7 @@ def test_every_trainconfig_field_is_reachable_from_fit(monkeypatch, tmp_path):
     monkeypatch.setattr(dana.fitting, "_run", lambda config, *a, **k: seen.append(config))
     x, y = torch.randn(200, 4), torch.randint(0, 3, (200,))
     pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
     sim_values = {**SIM_VALUES, "mlflow": str(tmp_path / "mlruns")}
     for values in (sim_values, RAY_VALUES):
         dana.fit(_factory, (x, y), **{_argument(f): v for f, v in values.items()})
@@ -106,4 +107,5 @@ def test_every_trainconfig_field_is_reachable_from_fit(monkeypatch, tmp_path):
             assert got == value, field
     for field in SPECIAL - {"algorithm_params"}:
         assert _argument(field) in inspect.signature(dana.fit).parameters, field
-    assert (seen[0].dataset, seen[0].model, seen[0].augment) == ("user", "user", False)
+    # The model's class: what config.json and the trackers show.
+    assert (seen[0].dataset, seen[0].model, seen[0].augment) == ("user", "Sequential", False)

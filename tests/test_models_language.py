@@ -13,7 +13,13 @@ import torch
 from clirun import run_dana
 
 from dana.data import load_dataset, text
-from dana.data.text import fortune_files, read_fortunes, read_text, windows
+from dana.data.text import (
+    fortune_files,
+    read_fortunes,
+    read_text,
+    reference_losses,
+    windows,
+)
 from dana.errors import ConfigError, DataError
 from dana.experiments.presets import load_preset
 from dana.experiments.results import load_results
@@ -192,6 +198,19 @@ def test_dana_train_a_language_model_end_to_end(corpus, tmp_path):
     assert summary["final_test_perplexity"] == pytest.approx(math.exp(summary["final_test_loss"]))
     assert summary["final_test_loss"] < math.log(256)  # it learned something
     assert (out / "curves.png").is_file() and (out / "model.safetensors").is_file()
+    ds = load_dataset("text", corpus, seq_len=context_length(SMALL))
+    assert summary["reference_losses"] == reference_losses(
+        ds.train_x, ds.train_y, ds.test_x, ds.test_y
+    )
+
+
+def test_the_byte_yardsticks_are_laplace_counts_of_the_training_text():
+    train = torch.tensor(list(b"abababab"), dtype=torch.uint8)
+    x, y = windows(train, 7)  # pairs a->b x4, b->a x3; targets b x4, a x3
+    test_x, test_y = torch.tensor([[ord("a")]]), torch.tensor([[ord("b")]])
+    ref = reference_losses(x, y, test_x, test_y)
+    assert ref["unigram"] == pytest.approx(-math.log((4 + 1) / (7 + 256)))
+    assert ref["bigram"] == pytest.approx(-math.log((4 + 1) / (4 + 256)))
 
 
 @pytest.mark.parametrize("algorithm", ["local-nesterov", "local-dn"])
@@ -225,7 +244,9 @@ def test_text_quick_through_dana_sweep_and_dana_report(corpus, tmp_path):
     # no nan verdict or cell (the divergence rule speaks of a "NaN or infinite" loss)
     assert "nan" not in report.replace("NaN or infinite", "").lower()
     assert "No verdict" in report
+    assert "| byte bigram model of the training text |" in report  # the yardsticks
     results = load_results(out)
+    assert set(results.references()) == {"unigram", "bigram"}
     assert results.metric.perplexity and results.metric.key == "test_loss"
     from dana.experiments.plots import error_vs_workers_figure, plot_error_curves
 

@@ -147,3 +147,31 @@ def read_text(
             )
         out += [x, y]
     return out[0], out[1], out[2], out[3]
+
+
+def reference_losses(
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    test_x: torch.Tensor,
+    test_y: torch.Tensor,
+    vocab: int = VOCAB,
+) -> dict[str, float]:
+    """The test loss (nats per token) of the byte unigram and bigram models of the
+    training windows, each count plus one (Laplace): the yardsticks a language model must
+    beat. The unigram predicts every target from the training targets' frequencies; the
+    bigram predicts ``y[t]`` from ``x[t]``, the byte before it.
+
+    >>> x, y = windows(torch.tensor(list(b"abababab"), dtype=torch.uint8), 3)
+    >>> ref = reference_losses(x, y, x, y, vocab=4 + 95)
+    >>> ref["bigram"] < ref["unigram"]
+    True
+    """
+    unigram = torch.bincount(train_y.flatten(), minlength=vocab).double() + 1.0
+    pairs = torch.bincount((train_x * vocab + train_y).flatten(), minlength=vocab * vocab)
+    bigram = pairs.double().view(vocab, vocab) + 1.0
+    log_unigram = (unigram / unigram.sum()).log()
+    log_bigram = (bigram / bigram.sum(1, keepdim=True)).log()
+    return {
+        "unigram": -float(log_unigram[test_y.flatten()].mean()),
+        "bigram": -float(log_bigram[test_x.flatten(), test_y.flatten()].mean()),
+    }

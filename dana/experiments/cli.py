@@ -225,10 +225,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.threads is not None:
         check_threads(args.threads)
     spec = sweep_spec(args)
-    if spec.fixed.get("mlflow"):  # every run would fail without it: say so once, now
-        from dana.train.records.tracking import import_mlflow
+    from dana.train.records.tracking import require_trackers
 
-        import_mlflow()
+    require_trackers(spec.fixed)  # every run would fail without its library: say so once, now
     out = args.out or args.resume or f"results/{args.preset or 'sweep'}"
     from dana.train.records.rundir import check_local
 

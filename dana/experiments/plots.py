@@ -187,6 +187,8 @@ def plot_error_curves(results: Results, path: Path) -> Path:
             ax.plot(epochs, errors, **styles[row], ms=4, markevery=0.1, label=row)
             _band(ax, group, styles[row]["color"])
             shown += [v for v in errors if v <= ceiling]
+        for name, loss in results.references().items():
+            ax.axhline(loss, color="0.4", ls=":", lw=1, label=f"byte {name} model")
         ax.set(
             title=f"{heading(results)}: k = {k}",
             xlabel="epoch",

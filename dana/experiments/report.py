@@ -33,6 +33,7 @@ from dana.experiments.results import (
     Metric,
     Results,
     load_results,
+    perplexity_text,
     setting_text,
     sweep_record,
 )
@@ -423,14 +424,27 @@ def _glance(results: Results, h: str = "##", suffix: str = "") -> list[str]:
 
 
 def _metric_text(results: Results) -> str:
-    """What a report on the test loss compares, and why."""
+    """What a report on the test loss compares, and why (a language model: with the
+    yardsticks it must beat)."""
     if results.metric.perplexity:
-        return (
+        text = (
             "These are language models: the report compares the test loss (the mean "
             "cross-entropy of every next token, in nats), each with its perplexity "
             "exp(loss) in brackets in the tables and on the plots' right axis; "
             "metrics.csv also holds the next-token error."
         )
+        references = results.references()
+        if references:
+            rows = "\n".join(
+                f"| byte {name} model of the training text | {loss:.4f} ({perplexity_text(loss)}) |"
+                for name, loss in references.items()
+            )
+            text += (
+                " A model that learned ends below the test loss of these counts of the "
+                "training text (each count plus one; dotted on the curves):\n\n"
+                f"| yardstick | test loss (perplexity) |\n|---|---|\n{rows}"
+            )
+        return text
     return (
         "These runs have no error rate (their targets are not classes): the report "
         "compares the test loss."

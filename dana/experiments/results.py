@@ -125,6 +125,7 @@ _NOT_ROW_KEYS = {
     "tensorboard",
     "mlflow",
     "mlflow_experiment",
+    "wandb",
     "checkpoint_every",
 }
 
@@ -280,6 +281,16 @@ class Results:
             if name in one:
                 return one[name]
         return one[next(iter(one))] if len(one) == 1 else None
+
+    def references(self) -> dict[str, float]:
+        """A language model's yardsticks, the test loss of the byte unigram and bigram
+        models of its text (``summary.json``'s ``reference_losses``, from the first run
+        that has them); empty for other runs."""
+        for run in self.runs:
+            found = (run.summary or {}).get("reference_losses")
+            if found:
+                return {name: float(value) for name, value in found.items()}
+        return {}
 
     def common_settings(self) -> dict[str, Any]:
         """The settings shared by every run (the protocol of the table)."""

@@ -84,6 +84,7 @@ class TrainConfig:
     tensorboard: bool = False
     mlflow: str | None = None
     mlflow_experiment: str = "dana"
+    wandb: str | None = None  # a W&B project (dana.train.records.tracking)
     dtype: str = "float32"
     backend: str = "sim"
     address: str | None = None
@@ -477,6 +478,7 @@ SCHEMA: dict[str, Rule] = {
     "tensorboard": Rule(bool),
     "mlflow": Rule(str, optional=True),
     "mlflow_experiment": Rule(str),
+    "wandb": Rule(str, optional=True),
     "dtype": Rule(str, choices=DTYPES),
     "backend": Rule(str),  # a registered runner: checked in validate (dana.train.backends)
     "address": Rule(str, optional=True),

@@ -307,6 +307,14 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
         "with --mlflow: the experiment",
         {"metavar": "NAME"},
     ),
+    (
+        "--wandb",
+        "wandb",
+        str,
+        "also track the run in Weights & Biases, in the project PROJECT (default dana); "
+        "offline unless WANDB_MODE is set; needs wandb",
+        {"metavar": "PROJECT", "nargs": "?", "const": "dana", "default_help": "off"},
+    ),
 ]
 
 TIMING_OPTIONS = [

@@ -19,12 +19,13 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from dana.errors import DanaError
+from dana.errors import DanaError, Preempted
 from dana.train.backends import check_backend, runner_class
 from dana.train.config import TrainConfig
 from dana.train.records import preempt
 from dana.train.records.progress import Progress
 from dana.train.records.rundir import SETTINGS_KEY, RunDir, check_local
+from dana.train.records.tracking import TrackedRun, open_trackers, require_trackers
 from dana.train.rules.schedule import LRSchedule
 from dana.train.task.problem import Problem, TrainingProblem
 
@@ -89,10 +90,7 @@ def train(
         run.check_new()
     config = config.validate()
     check_backend(config.backend)
-    if config.mlflow:
-        from dana.train.records.tracking import import_mlflow
-
-        import_mlflow()
+    require_trackers(config.to_dict())
     algorithm = config.build_algorithm()
     problem = Problem(config)  # loads data and builds the model: bad input fails here
     runner_cls = runner_class(config.backend)
@@ -141,44 +139,36 @@ def execute_run(
     title: str,
     progress: bool,
     problem: TrainingProblem | None = None,
-    mlflow_run: dict[str, Any] | None = None,
+    tracking: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A run's life on any runner, as ``dana train`` and :func:`dana.fit` live it: track it
-    in MLflow (``config.mlflow``), ``runner.execute`` with a progress reporter titled
-    ``title``, close the run directory's writers whatever happens, then write
-    ``summary.json``, the final model (``problem``'s, at ``runner.final_params()``:
-    ``model.safetensors``) and the curves, and finish the MLflow run (the model among its
-    artifacts; ``mlflow_run``: its ``run_name`` and ``tags``). A failure (an interruption
-    too) marks the MLflow run failed and propagates; SIGTERM or SIGINT make the runner
-    checkpoint and raise :class:`~dana.errors.Preempted` (:mod:`dana.train.records.preempt`).
-    The summary."""
-    tracker = None
-    if config.mlflow:
-        from dana.train.records.tracking import MlflowTracker
-
-        tracker = MlflowTracker(
-            config.mlflow,
-            config.mlflow_experiment,
-            run.path,
-            config.to_dict(),
-            **(mlflow_run or {}),
-        )
-        run.sinks.append(tracker)
+    """A run's life on any runner, as ``dana train`` and :func:`dana.fit` live it: open its
+    trackers (MLflow, W&B: :mod:`dana.train.records.tracking`; ``tracking``: the
+    :class:`TrackedRun`'s ``name``, ``tags`` and ``kept``), ``runner.execute`` with a
+    progress reporter titled ``title``, write ``summary.json``, the final model
+    (``problem``'s, at ``runner.final_params()``: ``model.safetensors``) and the curves,
+    close the run directory's writers whatever happens, and finish the trackers. A
+    failure (an interruption too) marks them failed and propagates; SIGTERM or SIGINT
+    make the runner checkpoint and raise :class:`~dana.errors.Preempted`
+    (:mod:`dana.train.records.preempt`). The summary."""
+    trackers = open_trackers(TrackedRun(run.path, config.to_dict(), **(tracking or {})))
+    run.sinks.extend(trackers)
     try:
         with preempt.watching():  # SIGTERM/SIGINT: a checkpoint, then Preempted
             summary = runner.execute(Progress(enabled=progress, desc=title))
+        if problem is not None:
+            problem.save_model(run.path, runner.final_params())
+            if references := problem.references():
+                summary["reference_losses"] = references
+        run.write_summary(summary)
+        if runner.rows:
+            run.write_plot(runner.rows, title)
     except BaseException as e:
-        if tracker is not None:
-            tracker.fail(isinstance(e, KeyboardInterrupt))
+        for tracker in trackers:
+            tracker.fail(isinstance(e, KeyboardInterrupt | Preempted))
         raise
     finally:
         run.close()
-    if problem is not None:
-        problem.save_model(run.path, runner.final_params())
-    run.write_summary(summary)
-    if runner.rows:
-        run.write_plot(runner.rows, title)
-    if tracker is not None:
+    for tracker in trackers:
         tracker.finish(summary)
     return summary
 

@@ -5,6 +5,6 @@
 - :mod:`~dana.train.records.pushlog`: the per-push log;
 - :mod:`~dana.train.records.modelfile`: the model a run keeps (``model.safetensors``);
 - :mod:`~dana.train.records.progress`: the progress bar and the closing table;
-- :mod:`~dana.train.records.tracking`: MLflow tracking;
+- :mod:`~dana.train.records.tracking`: MLflow and W&B tracking;
 - :mod:`~dana.train.records.preempt`: SIGTERM or SIGINT stops a run with a checkpoint.
 """

@@ -58,6 +58,8 @@ class TrainingProblem(Protocol):
 
     def model_info(self) -> dict[str, Any]: ...
 
+    def references(self) -> dict[str, float]: ...
+
     def save_model(self, path: str | Path, params: Tensor) -> Path: ...
 
     def state_dict(self) -> dict[str, Any]: ...
@@ -82,6 +84,11 @@ class FlatProblem:
 
     def inputs(self, batch: Any) -> tuple[Any, Tensor]:
         raise NotImplementedError
+
+    def references(self) -> dict[str, float]:
+        """The losses a model must beat, by name (``summary.json``'s
+        ``reference_losses``); none but a language model's."""
+        return {}
 
     def model_info(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -170,6 +177,16 @@ class Problem(FlatProblem):
             if t.is_floating_point() and dtype != torch.float32:
                 t = t.to(dtype)
             setattr(ds, name, t.to(self.device))
+
+    def references(self) -> dict[str, float]:
+        """A language model's yardsticks: the test loss of the byte unigram and bigram
+        models of the training text (:func:`dana.data.text.reference_losses`)."""
+        ds = self.dataset
+        if ds.kind != "tokens":
+            return {}
+        from dana.data.text import reference_losses
+
+        return reference_losses(ds.train_x, ds.train_y, ds.test_x, ds.test_y, ds.num_classes)
 
     def batches(self, seed: int, worker: int | None = None) -> BatchStream | WorkerBatches:
         """The stream of training batches seeded ``seed`` (``worker``: a Ray worker's
