@@ -512,3 +512,20 @@ def test_dana_report_prints_the_verdict_and_the_targets_once(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("The claim at k=32: DANA-Slim +0.70 pp [-0.20, +1.60], 2 seeds") == 1
     assert out.count("Time-to-target targets: ") == 1
+
+
+def test_a_loss_target_is_relative_to_the_baseline_whatever_its_scale(tmp_path):
+    from dana.experiments.targets import choose_targets
+
+    for scale in (1.0, 1000.0):  # (an MSE in other units: the same targets, scaled)
+        root = tmp_path / f"x{scale:g}"
+        nan = [math.nan] * 3
+        for name, k in (("dana-slim", 1), ("asgd", 4)):
+            fake_run(
+                root, f"{name}{k}", name, k, 0, nan, summary_extra={"final_test_loss": 2 * scale}
+            )
+        results = load_results(root)
+        assert not results.metric.is_error
+        targets = choose_targets(results)
+        assert [t.value for t in targets] == pytest.approx([2.02 * scale, 2.04 * scale])
+        assert "+ 1% =" in targets[0].text

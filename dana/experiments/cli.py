@@ -294,8 +294,8 @@ def add_report_parser(sub) -> None:
         default=None,
         help="test error in %% for time-to-target (default: two targets, the one-worker "
         "baseline's final error + 0.5 and + 1 percentage points); for language models, "
-        "and runs without an error rate, a test loss (default: the baseline's + 0.01 and "
-        "+ 0.02)",
+        "and runs without an error rate, a test loss (default: the baseline's + 1% and "
+        "+ 2% of it)",
     )
     p.add_argument("--baseline", default=None, help="algorithm whose k=1 runs are the baseline")
     p.add_argument(

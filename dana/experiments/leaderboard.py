@@ -54,7 +54,7 @@ RULE = (
     "overlapping intervals, share a rank, shown `=r`; a rank is 1 + the number of methods "
     "whose intervals lie wholly below that tied group; a method whose every seed diverged "
     "is not ranked (—). The target is the one-worker baseline's mean final error "
-    f"+ {NEAR_BASELINE_PP[0]:g} pp (a loss: + {TEST_LOSS.offsets[0]:g}), not used where the "
+    f"+ {NEAR_BASELINE_PP[0]:g} pp (a loss: + {100 * TEST_LOSS.offsets[0]:g}% of it), not used where the "
     f"baseline reaches it at its first evaluation. {TARGET_RULE} Times are simulated "
     "seconds, with the interval of the seeds' times. The baseline heads each table, "
     "unranked. In the summary a method enters a protocol where it has a seed with a result "

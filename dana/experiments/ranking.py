@@ -6,7 +6,7 @@ results directory without panels is one. On a panel, at each ``k > 1``, the meth
 (rows) are ranked twice:
 
 - **by time**: by the simulated time to the first near-baseline target (the panel's
-  one-worker baseline's final error + 0.5 pp, or a loss + 0.01:
+  one-worker baseline's final error + 0.5 pp, or a loss + 1%:
   :func:`~dana.experiments.targets.choose_targets`), ties and the methods that never
   reached it by the time to the second (+ 1 pp, + 0.02), then by the final value; a
   group's time is its mean over seeds, defined when every seed reached the target
@@ -33,8 +33,8 @@ from dana.experiments.targets import Target, group_time
 #: The rule, as the report states it.
 RANKING_RULE = (
     "Ranked at each k by the simulated time to the first target (the panel's one-worker "
-    "baseline's final value + 0.5 pp of error, or + 0.01 of loss), then to the second "
-    "(+ 1 pp, + 0.02), then by the final value; a time is the mean over seeds, defined "
+    "baseline's final value + 0.5 pp of error, or + 1% of loss), then to the second "
+    "(+ 1 pp, + 2%), then by the final value; a time is the mean over seeds, defined "
     "when every seed reached the target (times in simulated seconds). The rank by final "
     "value is the order of its mean over the seeds that did not diverge (a method whose "
     "every seed diverged last). The one-worker baseline's own times come first, unranked; "

@@ -106,7 +106,7 @@ def build_report(
     Time to target: ``target`` if given (a test error as a fraction, or where the report
     compares the test loss, a loss; ``target_in_percent``: a test error given in percent,
     as ``--target`` gives it), else the baseline's final error + 0.5 pp and + 1 pp (a
-    loss: + 0.01 and + 0.02; :func:`~dana.experiments.targets.choose_targets`). Where the
+    loss: + 1% and + 2%; :func:`~dana.experiments.targets.choose_targets`). Where the
     runs differ in a panel setting (a cluster, the data per worker:
     :meth:`~dana.experiments.results.Results.panels`), the methods are ranked on each
     panel first (:mod:`dana.experiments.ranking`), then each panel is reported on its

@@ -41,7 +41,8 @@ class Metric:
     ``summary.json`` (``final_key``), how it is named and shown. ``scale``: 100 for an
     error shown in percent (differences in percentage points, "pp"), 1 for a loss.
     ``offsets``: the default time-to-target targets, the baseline's final value plus
-    each (:func:`~dana.experiments.targets.choose_targets`). ``perplexity``: also show
+    each (an error's), or plus that fraction of it (a loss's, whatever its scale:
+    :func:`~dana.experiments.targets.choose_targets`). ``perplexity``: also show
     ``exp(value)`` (a language model's loss)."""
 
     key: str

@@ -19,7 +19,7 @@ with the linear-scaling rule, every other row gets a second speed-up, over it
 near-baseline target, the scaled one does.
 
 Targets (:func:`choose_targets`): a stated one, or by default the one-worker baseline's
-mean final error + 0.5 and + 1 percentage points (a loss: + 0.01 and + 0.02). A target the baseline reaches at its
+mean final error + 0.5 and + 1 percentage points (a loss: + 1% and + 2% of it). A target the baseline reaches at its
 first evaluation after the start is not used: the time to it would measure the first
 evaluation interval, not the training.
 """
@@ -34,8 +34,8 @@ from dana.experiments.results import Group, Results, row_label
 from dana.train.config import TrainConfig
 
 #: The default targets: the baseline's mean final error plus these percentage points
-#: (:attr:`Metric.offsets <dana.experiments.results.Metric>` as fractions; a loss's: 0.01
-#: and 0.02).
+#: (:attr:`Metric.offsets <dana.experiments.results.Metric>` as fractions; a loss's: 1%
+#: and 2% of the baseline's final loss).
 NEAR_BASELINE_PP = (0.5, 1.0)
 
 #: The first-evaluation rule, as the report states it.
@@ -162,13 +162,14 @@ def choose_targets(results: Results, target: float | None = None) -> list[Target
             )
             for pp in NEAR_BASELINE_PP
         ]
-    elif have_base:
+    elif have_base:  # a loss: relative to the baseline's, whatever its scale
         value = float(base.finals().mean())
         targets = [
             Target(
-                value + offset,
-                f"the one-worker baseline's final {metric.name} + {offset:g} = "
-                f"{value:.4f} + {offset:g} = {metric.show(value + offset)}",
+                value + abs(value) * offset,
+                f"the one-worker baseline's final {metric.name} + {100 * offset:g}% = "
+                f"{value:.4f} + {abs(value) * offset:.4f} = "
+                f"{metric.show(value + abs(value) * offset)}",
             )
             for offset in metric.offsets
         ]
