@@ -40,8 +40,8 @@ import torch
 from torch import Tensor, nn
 
 from dana.errors import ConfigError, DanaError
-from dana.train.backends import check_name, runner_class
-from dana.train.config import TrainConfig
+from dana.train.backends import check_name
+from dana.train.config import PYTHON_NAMES, TrainConfig
 from dana.train.device import resolve_device
 from dana.train.entries import Tracking, check_callable, check_model, entry_config
 from dana.train.records.pushlog import PushLog
@@ -70,9 +70,8 @@ from dana.train.task.reading import (
     data_source,
     place,
     reading,
-    resolve,
 )
-from dana.train.training import add_columns, execute_run, start_run
+from dana.train.training import add_columns, check_runner, execute_run, start_run
 
 ModelOrFactory = nn.Module | Callable[[], nn.Module]
 
@@ -147,11 +146,11 @@ class UserProblem(FlatProblem):
         except ValueError as e:
             raise ConfigError(f"model: {e}") from None
         self.train = self._placed(spec.train)
-        # the bias meter counts the classes of a batch's rows: none for read batches
-        labels = self.train.labels if isinstance(self.train, TensorData) else None
+        labels = self.train.labels
         classes = labels is not None and labels.dim() == 1 and not labels.is_floating_point()
         self.dataset = UserData(self.train.n, labels if classes else None)
         self.test = None if test is None else self._placed(test)
+        self.reads: ReadBatches | None = None  # the stream of read batches (batches())
         self.metrics = dict(metrics or {})
         #: metrics.csv's columns of the metric hook, and the derived perplexity.
         self.measured = tuple(metric_column(name) for name in self.metrics)
@@ -166,9 +165,12 @@ class UserProblem(FlatProblem):
         """``data``, on the device if held in memory (read batches are placed as read)."""
         return data.to(self.device, self.dtype) if isinstance(data, TensorData) else data
 
+    def _on_device(self, x: I.Inputs, y: Tensor) -> tuple[I.Inputs, Tensor]:
+        return place(x, self.device, self.dtype), place(y, self.device, self.dtype)
+
     def probe(self) -> tuple[I.Inputs, Tensor]:
         """Two test examples, on the device."""
-        return self.inputs(self.test.rows(torch.arange(min(2, self.test.n))))
+        return self._on_device(*self.test.rows(torch.arange(min(2, self.test.n))))
 
     def batches(
         self, seed: int, worker: int | None = None
@@ -189,16 +191,19 @@ class UserProblem(FlatProblem):
         if isinstance(data, MapData):  # (an iterable's batches come in its own order)
             labels = data.labels if data.labels is not None else torch.zeros(data.n)
             rows = batches_for(config.partition, labels, config.batch_size, seed, config.workers)
-        return ReadBatches(data, config.batch_size, config.seed, rows, worker)
+        self.reads = ReadBatches(data, config.batch_size, config.seed, rows, worker)
+        return self.reads
 
     def inputs(self, batch: Any) -> tuple[I.Inputs, Tensor]:
-        """A batch's examples on the device: rows of the tensors, or a read batch."""
-        x, y = self.train.rows(batch) if torch.is_tensor(batch) else resolve(batch)
-        return place(x, self.device, self.dtype), place(y, self.device, self.dtype)
+        """A batch's examples on the device: rows of the tensors, or a batch of the read
+        stream (:meth:`ReadBatches.take`)."""
+        return self._on_device(
+            *(self.train.rows(batch) if torch.is_tensor(batch) else self.reads.take(batch))
+        )
 
     def evaluate(self, params: Tensor) -> dict[str, float]:
         """The test set's loss, error rate and metrics at ``params``, a batch at a time."""
-        batches = map(self.inputs, self.test.batches(self.test_batch))
+        batches = (self._on_device(x, y) for x, y in self.test.batches(self.test_batch))
         return self.flat.measure_batches(params, batches, self.loss_fn, self.metrics)
 
     def model_info(self) -> dict[str, Any]:
@@ -402,8 +407,7 @@ def _run(
     deleted afterwards, which no tracker may name)."""
     from dana.version import __version__
 
-    runner_cls = runner_class(config.backend)
-    runner_cls.check(config, problem)
+    runner_cls = check_runner(config, problem, PYTHON_NAMES)
     runner: Any = runner_cls(config, run, problem, threads=threads)
     add_columns(run, problem)
     start_run(run, config, __version__)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -119,7 +119,50 @@ def _value(name: str, found: Any) -> float:
         ) from None
 
 
+def eval_batch_size(y: Tensor, batch_size: int = 1000) -> int:
+    """Examples per evaluation batch: ``batch_size``, fewer for long targets (at most
+    ``16 * batch_size`` targets a batch, by the first example's)."""
+    per_example = max(1, y[:1].numel())
+    return max(1, min(batch_size, 16 * batch_size // per_example))
+
+
+def in_batches(x: I.Inputs, y: Tensor, size: int) -> Iterator[tuple[I.Inputs, Tensor]]:
+    """``(x, y)`` in consecutive batches of ``size`` examples."""
+    for start in range(0, len(y), size):
+        rows = slice(start, start + size)
+        yield I.take(x, rows), y[rows]
+
+
 @torch.no_grad()
+def evaluate_batches(
+    module: nn.Module,
+    batches: Iterable[tuple[I.Inputs, Tensor]],
+    loss_fn: LossFn,
+    metrics: Mapping[str, MetricFn] | None = None,
+) -> dict[str, float]:
+    """``{"loss", "error", NAME...}`` of ``module`` (in eval mode) on the examples of
+    ``batches`` (``(x, y)`` pairs: a test set read a batch at a time), by the module
+    docstring's rule."""
+    module.eval()
+    metrics = metrics or {}
+    total, count, wrong, n = 0.0, 0, 0, 0
+    sums = dict.fromkeys(metrics, 0.0)
+    task = None
+    for x, target in batches:
+        out = I.call(module, x)
+        targets = target.numel()
+        total += float(loss_fn(out, target)) * targets
+        count += targets
+        n += len(target)
+        task = task_of(out, target) if task is None else task
+        if task != VALUES:
+            wrong += (out.argmax(-1) != target).sum().item()
+        for name, fn in metrics.items():
+            sums[name] += _value(name, fn(out, target)) * len(target)
+    found = {"loss": total / count, "error": wrong / count if task != VALUES else math.nan}
+    return {**found, **{name: s / n for name, s in sums.items()}}
+
+
 def evaluate_module(
     module: nn.Module,
     x: I.Inputs,
@@ -129,30 +172,9 @@ def evaluate_module(
     metrics: Mapping[str, MetricFn] | None = None,
 ) -> dict[str, float]:
     """``{"loss", "error", NAME...}`` of ``module`` (in eval mode) on ``(x, y)``, by the
-    module docstring's rule. Batches of ``batch_size`` examples, fewer for long
-    targets (at most ``16 * batch_size`` targets per batch)."""
-    module.eval()
-    metrics = metrics or {}
-    n = len(y)
-    per_example = max(1, y[:1].numel())
-    batch_size = max(1, min(batch_size, 16 * batch_size // per_example))
-    total, count, wrong = 0.0, 0, 0
-    sums = dict.fromkeys(metrics, 0.0)
-    task = None
-    for start in range(0, n, batch_size):
-        rows = slice(start, start + batch_size)
-        out = I.call(module, I.take(x, rows))
-        target = y[rows]
-        targets = target.numel()
-        total += float(loss_fn(out, target)) * targets
-        count += targets
-        task = task_of(out, target) if task is None else task
-        if task != VALUES:
-            wrong += (out.argmax(-1) != target).sum().item()
-        for name, fn in metrics.items():
-            sums[name] += _value(name, fn(out, target)) * len(target)
-    found = {"loss": total / count, "error": wrong / count if task != VALUES else math.nan}
-    return {**found, **{name: s / n for name, s in sums.items()}}
+    module docstring's rule, in batches of :func:`eval_batch_size` examples."""
+    batches = in_batches(x, y, eval_batch_size(y, batch_size))
+    return evaluate_batches(module, batches, loss_fn, metrics)
 
 
 def probe_task(module: nn.Module, x: I.Inputs, y: Tensor) -> str:

@@ -16,13 +16,13 @@ stay in the module and are shared by every forward pass.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
 
 from dana.train.task import inputs as I
-from dana.train.task.evaluation import LossFn, MetricFn, evaluate_module
+from dana.train.task.evaluation import LossFn, MetricFn, evaluate_batches, evaluate_module
 
 __all__ = ["FlatModel", "LossFn", "evaluate_module"]
 
@@ -94,6 +94,18 @@ class FlatModel:
         (:func:`dana.train.task.evaluation.evaluate_module`, the rule of every evaluation)."""
         self._point_at(params)
         return evaluate_module(self.module, x, y, loss_fn, batch_size, metrics)
+
+    def measure_batches(
+        self,
+        params: Tensor,
+        batches: Iterable[tuple[I.Inputs, Tensor]],
+        loss_fn: LossFn,
+        metrics: Mapping[str, MetricFn] | None = None,
+    ) -> dict[str, float]:
+        """:meth:`measure` on the ``(x, y)`` pairs of ``batches``, a test set read a
+        batch at a time (:func:`dana.train.task.evaluation.evaluate_batches`)."""
+        self._point_at(params)
+        return evaluate_batches(self.module, batches, loss_fn, metrics)
 
     def _point_at(self, params: Tensor) -> None:
         """Make the module's parameters views of ``params`` (a copy into :attr:`flat`

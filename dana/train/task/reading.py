@@ -6,34 +6,41 @@ The rule (:func:`data_source` tells which kind a value is):
   (:class:`TensorData`): held in memory; a batch is the rows the stream draws.
 - A map-style ``torch.utils.data.Dataset`` (``__getitem__`` and ``__len__``) of
   ``(x, y)`` items (:class:`MapData`): read per batch, item by item, when the batch is
-  drawn, then collated (``default_collate``); never collated once up front.
+  drawn, then collated (``default_collate``); never collated once up front. With
+  ``num_workers=N`` (DataLoader's option) ``N`` reader processes of each process that
+  reads (the simulator's, each Ray worker's) read whole batches while it computes.
 - A ``torch.utils.data.IterableDataset`` with ``__len__`` (the items of one pass;
   :class:`IterData`): read in its own order, ``batch_size`` items a batch, iterated
-  again from the start after each pass. Without ``__len__`` an epoch has no length: it
-  is refused.
+  again from the start after each pass, in process (``num_workers`` does not apply).
+  Without ``__len__`` an epoch has no length: it is refused.
 - A ``torch.utils.data.DataLoader`` is refused: dana draws each worker's batches
   itself; pass its dataset (``loader.dataset``) and the batch size.
 
 In each item ``x`` is a tensor, a tuple or a dict of tensors (:mod:`dana.train.task.inputs`:
 the model is called ``model(x)``, ``model(*x)``, ``model(**x)``), ``y`` the targets.
 
-Randomness: worker ``w``'s ``s``-th batch of a run seeded ``seed`` has the key
-:func:`read_key` ``(seed, w, s)``, and its item ``i`` (the dataset's index, or the
-position in the pass of an iterable) is read with torch's, Python's and NumPy's global
-generators seeded :func:`item_seed` ``(key, i)``, restored afterwards (:func:`seeded`).
-A random transform in ``__getitem__`` therefore draws anew for every batch (it differs
-across epochs) and draws the same wherever the batch is read: on the simulator's every
-engine (batches are read when drawn, in the simulator's order) and in a Ray worker
-(each reads its own data, from the dataset object shipped to it once). Test data are
-read once, at the start (items seeded by their index alone).
+Randomness, once per batch: worker ``w``'s ``s``-th batch of a run seeded ``seed`` has the
+key :func:`read_key` ``(seed, w, s)``; torch's, Python's and NumPy's global generators are
+seeded with it once, the batch's items read in their drawn order (an iterable's: its
+order), and the generators put back (:func:`read_items`, :func:`seeded`). A random
+transform in ``__getitem__`` therefore draws anew for every batch (it differs across
+epochs) and draws the same wherever and by whichever process the batch is read: on the
+simulator's every engine (batches drawn in the simulator's order), in a Ray worker
+(each reads its own data, from the dataset object shipped to it once), in process or
+by a reader. Test data are read a batch at a time at each evaluation, never collated
+whole: in order, batch ``j`` under the key ``j`` (the same draws at every evaluation).
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
+import multiprocessing
 import random
 import threading
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -44,23 +51,24 @@ from torch.utils.data import default_collate
 
 from dana.errors import ArgumentTypeError, ConfigError
 from dana.train.task import inputs as I
+from dana.train.task.evaluation import in_batches
 
 _LOCK = threading.RLock()
 _MASK = 2**63 - 1
+#: Batches submitted ahead per reader process where the next ones are known (a Ray
+#: worker's own stream, the test set): DataLoader's ``prefetch_factor``.
+AHEAD = 2
+
+#: Inputs and targets of a batch.
+Pair = tuple[I.Inputs, Tensor]
+#: A map-style dataset's batch as handed out: ``(rows, key)`` (:class:`ReadBatches`).
+Drawn = tuple[Tensor, int]
 
 
 def read_key(seed: int, worker: int, step: int) -> int:
     """The key of worker ``worker``'s ``step``-th batch of a run seeded ``seed``."""
     words = [seed % 2**63, worker, step]
     return int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0]) & _MASK
-
-
-def item_seed(key: int, index: int) -> int:
-    """The seed item ``index`` of the batch keyed ``key`` is read with (a 64-bit mix)."""
-    z = (key + (index + 1) * 0x9E3779B97F4A7C15) & (2**64 - 1)
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
-    return (z ^ (z >> 31)) & _MASK
 
 
 @contextmanager
@@ -90,7 +98,7 @@ def _pair(item: Any, what: str) -> tuple[Any, Any]:
     return item[0], item[1]
 
 
-def collate(items: list[Any], what: str) -> tuple[I.Inputs, Tensor]:
+def collate(items: list[Any], what: str) -> Pair:
     """``(x, y)`` of a list of ``(x, y)`` items (``default_collate``)."""
     for item in items[:1]:
         _pair(item, what)
@@ -105,6 +113,43 @@ def collate(items: list[Any], what: str) -> tuple[I.Inputs, Tensor]:
     if isinstance(x, list):
         x = tuple(x)
     return x, torch.as_tensor(y)
+
+
+def read_items(dataset: Any, rows: Iterable[int], key: int, what: str) -> Pair:
+    """Items ``rows`` of ``dataset`` read in that order under the generators seeded ``key``
+    once (:func:`seeded`), collated: every read of a map-style dataset, here or in a
+    reader process."""
+    with seeded(key):
+        items = [dataset[i] for i in rows]
+    return collate(items, what)
+
+
+_READING: tuple[Any, str] | None = None  # a reader process's dataset and its name
+
+
+def _start_reader(dataset: Any, what: str) -> None:
+    global _READING
+    torch.set_num_threads(1)  # (as DataLoader's workers: the readers share the cores)
+    _READING = dataset, what
+
+
+def _read_in_reader(rows: list[int], key: int) -> Pair:
+    return read_items(_READING[0], rows, key, _READING[1])
+
+
+def _result(batch: Future | Pair) -> Pair:
+    """A submitted batch's ``(x, y)``: a reader's once read."""
+    return batch.result() if isinstance(batch, Future) else batch
+
+
+def ahead(items: Iterator[Any], depth: int) -> Iterator[Any]:
+    """``items`` in order, each taken from ``items`` ``depth`` items before it is given
+    (taking one submits its read: ``depth`` reads run ahead)."""
+    queue = deque(itertools.islice(items, depth))
+    for item in items:
+        queue.append(item)
+        yield queue.popleft()
+    yield from queue
 
 
 class TensorData:
@@ -134,9 +179,13 @@ class TensorData:
     def labels(self) -> Tensor:
         return self.y
 
-    def rows(self, rows: Tensor) -> tuple[I.Inputs, Tensor]:
+    def rows(self, rows: Tensor) -> Pair:
         rows = rows.to(self.y.device)
         return I.take(self.x, rows), self.y[rows]
+
+    def batches(self, size: int) -> Iterator[Pair]:
+        """Every example in order, ``size`` a batch (test data)."""
+        return in_batches(self.x, self.y, size)
 
     def to(self, device: torch.device, dtype: torch.dtype) -> TensorData:
         """A copy on ``device``, its floating tensors in ``dtype``."""
@@ -170,12 +219,18 @@ def place(x: Any, device: torch.device, dtype: torch.dtype) -> Any:
 
 
 class MapData:
-    """A map-style dataset, read per batch (the module docstring)."""
+    """A map-style dataset, read per batch (the module docstring); ``num_workers``
+    reader processes, started when first needed (:meth:`close` stops them)."""
 
-    def __init__(self, dataset: Any, what: str):
+    def __init__(self, dataset: Any, what: str, num_workers: int = 0):
         self.dataset, self.what, self.n = dataset, what, len(dataset)
         if self.n == 0:
             raise ConfigError(f"{what}: the dataset is empty")
+        self.num_workers = num_workers
+        self._readers: ProcessPoolExecutor | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # (shipped to Ray workers without readers)
+        return {**self.__dict__, "_readers": None}
 
     @property
     def labels(self) -> Tensor | None:
@@ -187,26 +242,47 @@ class MapData:
         targets = torch.as_tensor(targets)
         return targets if targets.dim() == 1 and len(targets) == self.n else None
 
-    def read(self, rows: Tensor, key: int) -> tuple[I.Inputs, Tensor]:
-        """The batch of ``rows``, item ``i`` seeded :func:`item_seed` ``(key, i)``."""
-        items = []
-        for i in rows.tolist():
-            with seeded(item_seed(key, i)):
-                items.append(self.dataset[i])
-        return collate(items, self.what)
+    def read(self, rows: Tensor, key: int) -> Pair:
+        """The batch of ``rows`` keyed ``key`` (:func:`read_items`), read here now."""
+        return read_items(self.dataset, rows.tolist(), key, self.what)
 
-    def rows(self, rows: Tensor) -> tuple[I.Inputs, Tensor]:
+    def submit(self, rows: Tensor, key: int) -> Future | Pair:
+        """The batch of ``rows`` keyed ``key``: read now, or with readers the future of
+        one of them reading it."""
+        if not self.num_workers:
+            return self.read(rows, key)
+        if self._readers is None:
+            self._readers = ProcessPoolExecutor(
+                self.num_workers,
+                multiprocessing.get_context(),  # (the default, as DataLoader's)
+                initializer=_start_reader,
+                initargs=(self.dataset, self.what),
+            )
+        return self._readers.submit(_read_in_reader, rows.tolist(), key)
+
+    def rows(self, rows: Tensor) -> Pair:
         return self.read(rows, 0)
 
-    def every(self) -> TensorData:
-        """Every item, collated once (test data)."""
-        return TensorData(*self.read(torch.arange(self.n), 0), self.what)
+    def batches(self, size: int) -> Iterator[Pair]:
+        """Every item in order, ``size`` a batch, batch ``j`` keyed ``j`` (test data)."""
+        starts = range(0, self.n, size)
+        batches = (
+            self.submit(torch.arange(s, min(s + size, self.n)), j) for j, s in enumerate(starts)
+        )
+        return map(_result, ahead(batches, AHEAD * self.num_workers))
+
+    def close(self) -> None:
+        """Stop the reader processes (new ones start if it reads again)."""
+        if self._readers is not None:
+            self._readers.shutdown(cancel_futures=True)
+            self._readers = None
 
 
 class IterData:
     """An iterable dataset with a length, read in its order (the module docstring)."""
 
     labels = None
+    num_workers = 0  # (read in process, in its order)
 
     def __init__(self, dataset: Any, what: str):
         try:
@@ -238,36 +314,49 @@ class IterData:
         except StopIteration:
             raise ConfigError(f"{self.what}: the IterableDataset yielded no item") from None
 
-    def read(self, count: int, key: int) -> tuple[I.Inputs, Tensor]:
-        """The next ``count`` items, the ``j``-th seeded :func:`item_seed` ``(key, j)``."""
-        items = []
-        for j in range(count):
-            with seeded(item_seed(key, j)):
-                items.append(self._next())
+    def read(self, count: int, key: int) -> Pair:
+        """The next ``count`` items, under the generators seeded ``key`` once."""
+        with seeded(key):
+            items = [self._next() for _ in range(count)]
         return collate(items, self.what)
 
-    def rows(self, rows: Tensor) -> tuple[I.Inputs, Tensor]:
+    def rows(self, rows: Tensor) -> Pair:
         """The first ``len(rows)`` items of a pass (a probe of the batch's shape)."""
         items = iter(self.dataset)
         return collate([next(items) for _ in range(len(rows))], self.what)
 
-    def every(self) -> TensorData:
-        """One pass, collated once (test data)."""
-        items = []
-        for j, item in enumerate(self.dataset):
-            with seeded(item_seed(0, j)):
-                items.append(item)
-        return TensorData(*collate(items, self.what), self.what)
+    def batches(self, size: int) -> Iterator[Pair]:
+        """One pass of a fresh iterator, ``size`` items a batch, batch ``j`` under the
+        generators seeded ``j`` (test data)."""
+        items = iter(self.dataset)
+        for j in itertools.count():
+            with seeded(j):
+                batch = list(itertools.islice(items, size))
+            if not batch:
+                return
+            yield collate(batch, self.what)
 
 
 Data = TensorData | MapData | IterData
 
 
-def data_source(data: Any, what: str) -> Data:
-    """What ``data`` is (the module docstring); ConfigError (a bad value) or
-    ArgumentTypeError (a wrong kind) saying what to pass."""
+def check_num_workers(num_workers: Any) -> int:
+    """``num_workers`` (reader processes, 0: none), or ConfigError."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ConfigError(
+            f"num_workers must be an integer >= 0 (reader processes of a Dataset, 0: read "
+            f"in process), got {num_workers!r}"
+        )
+    return num_workers
+
+
+def data_source(data: Any, what: str, num_workers: int = 0) -> Data:
+    """What ``data`` is (the module docstring), a map-style dataset read by
+    ``num_workers`` reader processes; ConfigError (a bad value) or ArgumentTypeError (a
+    wrong kind) saying what to pass."""
     from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
+    num_workers = check_num_workers(num_workers)
     if isinstance(data, tuple | list) and len(data) == 2:
         return TensorData(data[0], data[1], what)
     if isinstance(data, DataLoader):
@@ -281,11 +370,23 @@ def data_source(data: Any, what: str) -> Data:
     if isinstance(data, IterableDataset):
         return IterData(data, what)
     if hasattr(data, "__getitem__") and hasattr(data, "__len__") and not isinstance(data, str):
-        return MapData(data, what)
+        return MapData(data, what, num_workers)
     raise ArgumentTypeError(
         f"{what}: expected (x, y) tensors, a torch.utils.data.Dataset of (x, y) items or an "
         f"IterableDataset with __len__, got {type(data).__name__}"
     )
+
+
+@contextmanager
+def reading(*sources: Data) -> Iterator[None]:
+    """Inside: ``sources`` are read (their reader processes start when first needed);
+    on the way out their readers are stopped."""
+    try:
+        yield
+    finally:
+        for source in sources:
+            if isinstance(source, MapData):
+                source.close()
 
 
 class ReadBatches:
@@ -293,7 +394,13 @@ class ReadBatches:
     :class:`IterData`'s in its order), keyed per worker and step (the module
     docstring). ``per_worker``: the simulator asks each worker's batch by its index
     (:meth:`next_for`); a Ray worker's stream is built for its ``worker`` and asked
-    :meth:`next`."""
+    :meth:`next` (with readers its next batches are read ahead: its state then counts
+    them, and a Ray worker's stream is never checkpointed).
+
+    A map-style dataset's batch is handed out as ``(rows, key)`` (as
+    :class:`~dana.train.task.batches.KeyedBatchStream`'s: what a checkpoint holds), its
+    read submitted then; :meth:`take` gives its examples (read again after a resume).
+    An iterable's batch is handed out read."""
 
     per_worker = True
 
@@ -310,9 +417,14 @@ class ReadBatches:
         self.data, self.rows, self.seed, self.worker = data, rows, int(seed), worker
         self.batch_size = batch_size
         self.batches_per_epoch = data.n // batch_size
-        self.steps: dict[int, int] = {}  # batches read by each worker
+        self.steps: dict[int, int] = {}  # batches drawn by each worker
+        self._held: dict[int, Future | Pair] = {}  # key: a batch handed out, not yet taken
+        self._last: dict[int, int] = {}  # worker: the key of the batch it was handed last
+        self._own: Iterator[Drawn | Pair] | None = None  # (next()'s, read ahead)
 
-    def next_for(self, worker: int) -> tuple[I.Inputs, Tensor]:
+    def _drawn(self, worker: int) -> Drawn | Pair:
+        """Worker ``worker``'s next batch: ``(rows, key)``, its read submitted (an
+        iterable's: read now)."""
         step = self.steps.get(worker, 0)
         self.steps[worker] = step + 1
         key = read_key(self.seed, worker, step)
@@ -320,12 +432,38 @@ class ReadBatches:
             return self.data.read(self.batch_size, key)
         rows = self.rows
         drawn = rows.next_for(worker) if getattr(rows, "per_worker", False) else rows.next()
-        return self.data.read(drawn, key)
+        self._held[key] = self.data.submit(drawn, key)
+        return drawn, key
 
-    def next(self) -> tuple[I.Inputs, Tensor]:
+    def _handed(self, worker: int, batch: Drawn | Pair) -> Drawn | Pair:
+        """``batch``, handed to ``worker``: its batch before, if never taken (a worker
+        that left), is dropped."""
+        if isinstance(self.data, MapData):
+            self._held.pop(self._last.get(worker), None)
+            self._last[worker] = batch[1]
+        return batch
+
+    def next_for(self, worker: int) -> Drawn | Pair:
+        """Worker ``worker``'s next batch (the simulator's)."""
+        return self._handed(worker, self._drawn(worker))
+
+    def next(self) -> Drawn | Pair:
+        """This stream's worker's next batch (a Ray worker's), the next ones read ahead."""
         if self.worker is None:
             raise ValueError("this stream serves several workers: ask next_for(worker)")
-        return self.next_for(self.worker)
+        if self._own is None:
+            draws = (self._drawn(self.worker) for _ in itertools.count())
+            self._own = ahead(draws, AHEAD * self.data.num_workers)
+        return self._handed(self.worker, next(self._own))
+
+    def take(self, batch: Drawn | Pair) -> Pair:
+        """The ``(x, y)`` of a batch handed out: of ``(rows, key)`` as submitted (read
+        now if not held: after a resume), an iterable's as read."""
+        if isinstance(self.data, IterData):
+            return batch
+        rows, key = batch
+        held = self._held.pop(key, None)
+        return self.data.read(rows, key) if held is None else _result(held)
 
     def state_dict(self) -> dict[str, Any]:
         rows = {} if self.rows is None else self.rows.state_dict()
@@ -335,3 +473,5 @@ class ReadBatches:
         if self.rows is not None:
             self.rows.load_state_dict(state["rows"])
         self.steps = {int(w): int(s) for w, s in state["steps"]}
+        self._held.clear()
+        self._own = None
