@@ -79,3 +79,14 @@ def test_diloco_refuses_what_does_not_apply():
     with pytest.raises(ValueError, match="averages.*scale outer_lr"):
         A.build("diloco", outer_weight=0.5)
     assert A.build("diloco").synchronous
+
+
+def test_a_diloco_round_reads_the_schedule_at_the_data_consumed_before_it():
+    # 256 rows in batches of 8: 32 computations an epoch; k = 2, H = 4: a round is 8
+    # of them, a quarter epoch; every step of round r carries the rate at epoch r/4
+    seen = []
+    sim = make_simulator("diloco", 2, local_steps=4, lr=lambda epoch: seen.append(epoch) or 0.01)
+    for _ in range(3):
+        sim.step()
+    assert sim.lr() == 0.01 and seen[-1] == 3 * 2 * 4 / 32
+    assert set(seen) == {0.0, 0.25, 0.5, 0.75}

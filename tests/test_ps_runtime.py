@@ -10,6 +10,7 @@ none skipped.
 from __future__ import annotations
 
 import heapq
+import json
 import math
 import os
 import time
@@ -268,24 +269,46 @@ def serve_as_the_simulator(
         lr[i] = replies[0][2]
         return torch.from_numpy(np.concatenate([r[1] for r in replies])), batches.next()
 
-    def push(i: int, params: torch.Tensor, batch: Any) -> bool:
-        """Worker ``i``'s step; False for a local step (no message, no pull)."""
+    def compute(i: int, params: torch.Tensor, batch: Any) -> tuple[Any, float]:
+        """Worker ``i``'s step: its message as it sends it (None: a local step), its loss."""
         grad, loss = steppers[i].gradient(0, params, batch)
         message = steppers[i].message(0, grad, lr[i])
-        seq[i] += 1
         if message is not None:  # (the worker's Push: encoded with a codec, as it sends it)
             message = message.numpy() if codec.name == "none" else wires[i].encode(0, message)
+        return message, loss
+
+    def send(i: int, message: Any, loss: float) -> bool:
+        """Worker ``i``'s push; False for a local step (no message, no pull)."""
+        seq[i] += 1
         expected = LOCAL if message is None else APPLIED
         for shard, part in zip(shards, split(Push(i, seq[i], message, loss), layout)):
             assert shard.push(part) == expected
         return message is not None
 
+    def push(i: int, params: torch.Tensor, batch: Any) -> bool:
+        return send(i, *compute(i, params, batch))
+
     state = {}
-    if algorithm.synchronous:  # ssgd: a round of k pushes, then every worker pulls
+    if algorithm.synchronous:  # dana.sim.schedules.Rounds: every worker's steps in time
+        # order (a local step reported at once, the next on the next batch), the round's
+        # pushes in worker order, then every worker pulls
+        now = 0.0
         while shards[0].steps < steps:
             state = {i: pull(i) for i in range(workers)}
+            queue = [(now + timing.sample(i), i) for i in range(workers)]
+            heapq.heapify(queue)
+            pushes = {}
+            while queue:
+                finish, i = heapq.heappop(queue)
+                message, loss = compute(i, *state[i])
+                if message is not None:
+                    pushes[i], now = (message, loss), max(now, finish)
+                    continue
+                send(i, None, loss)
+                state[i] = (state[i][0], batches.next())
+                heapq.heappush(queue, (finish + timing.sample(i), i))
             for i in range(workers):
-                push(i, *state[i])
+                send(i, *pushes[i])
     else:
         queue: list[tuple[float, int]] = []
         for i in range(workers):
@@ -491,6 +514,117 @@ def test_a_killed_worker_is_restarted_and_rejoins_within_the_staleness_bound(loc
     assert runner.summary["pushes"] == runner.summary["updates"] == 4 * 32
     assert runner.merger.log.numpy()["staleness"].max() <= 1
     assert runner.rows[-1]["test_loss"] < 0.75 * runner.rows[0]["test_loss"]
+
+
+class RayStreams:
+    """The Ray workers' own batch streams (of their first processes), for the simulator:
+    worker ``i``'s next batch is the one Ray worker ``i`` draws."""
+
+    per_worker = True
+
+    def __init__(self, problem: Problem, config: TrainConfig):
+        from dana.ps.worker import stream_seed
+
+        self.streams = [
+            Problem.batches(problem, stream_seed(config.seed, i, 1), worker=i)
+            for i in range(config.workers)
+        ]
+        self.batch_size = config.batch_size
+        self.batches_per_epoch = problem.dataset.train_size // config.batch_size
+
+    def next_for(self, worker: int) -> Any:
+        return self.streams[worker].next()
+
+
+def diloco(**overrides: Any) -> TrainConfig:
+    """A tiny diloco run on Ray: k = 2, H = 3 (a round is 6 steps), the paper's outer
+    step, an inner AdamW rate at which it learns steadily, no standby."""
+    options = dict(algorithm="diloco", workers=2, lr=0.0005, standby=False,
+                   algorithm_params={"local_steps": 3})  # fmt: skip
+    return tiny(**{**options, **overrides})
+
+
+@pytest.mark.ray
+@requires_ray
+def test_diloco_on_ray_is_the_simulators_run(local_ray, tmp_path):
+    """diloco on Ray runs the simulator's rounds (dana.sim.schedules.Rounds): every
+    worker's H steps from the round's parameters (H - 1 local steps, reported to the
+    servers), its push, then every worker pulls once all k are in. Given the Ray
+    workers' batch streams, the simulator's run is the Ray run: the same rows at the
+    same points (the first round boundary at or after each: 36 and 66 steps for the
+    epochs' 32 and 64), the same losses and parameters to the ssgd tests' tolerance
+    (bit for bit here: with k = 2 a round's sum is the same in either order of arrival)."""
+    from dana.sim.driver import SimRun
+
+    config = diloco()
+    k, H = config.workers, config.algorithm_params["local_steps"]
+    on_ray = run_on_ray(config, tmp_path / "ray")
+
+    sim_config = TrainConfig(**{**config.to_dict(), "backend": "sim"})
+    problem = Problem(sim_config)
+    problem.batches = lambda seed, worker=None: RayStreams(problem, sim_config)
+    run = RunDir(tmp_path / "sim")
+    run.path.mkdir()
+    sim_run = SimRun(sim_config, run, problem)
+    sim_summary = sim_run.execute(Progress(enabled=False))
+
+    rounds = math.ceil(3 * 32 / (k * H))
+    dist = check_accounting(on_ray)
+    assert (dist["pushes_applied"], dist["local_steps"]) == (rounds * k, rounds * k * (H - 1))
+    for key in ("updates", "pushes", "epochs"):
+        assert on_ray.summary[key] == sim_summary[key], key
+    assert on_ray.summary["updates"] == rounds
+    assert [r["epoch"] * 32 for r in on_ray.rows] == [0, 36, 66, 96]
+    for ours, theirs in zip(on_ray.rows, sim_run.rows, strict=True):
+        for key in ("epoch", "updates", "lr"):
+            assert ours[key] == theirs[key], key
+        for key in ("train_loss", "test_loss", "test_error"):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-4, nan_ok=True), key
+    torch.testing.assert_close(on_ray.final_params(), sim_run.final_params(), rtol=1e-4, atol=1e-6)
+    assert on_ray.rows[-1]["test_loss"] < 0.75 * on_ray.rows[0]["test_loss"]
+
+
+@pytest.mark.ray
+@requires_ray
+def test_a_diloco_worker_killed_mid_round_redoes_it_and_every_step_counts_once(
+    local_ray, tmp_path, monkeypatch
+):
+    """Worker 0's process killed after it reported a local step of a round (steps
+    emulated at about 128 ms: the driver's poll 0.2 s into a round finds it there): Ray
+    restarts it, it joins and redoes the round from the round's parameters. The local
+    steps its lost process reported come again and are answered "duplicate": every round
+    is k*H steps and k pushes on the servers, every worker's calls numbered r*H + 1 ..
+    (r + 1)*H, each applied or counted once."""
+    from dana.ps.driver import RayRun
+
+    config = diloco(epochs=1.0, time_scale=0.001)
+    k, H = config.workers, config.algorithm_params["local_steps"]
+    poll, killed = RayRun._poll, []
+
+    def poll_then_kill(self: Any) -> None:
+        poll(self)
+        if not killed and self.steps > k * H and self.steps % (k * H):  # a round under way
+            last_seq = ray.get(self.shards.servers[0].counters.remote())["last_seq"][0]
+            if last_seq % H:  # worker 0 has reported a local step of it, not its push
+                ray.kill(self.worker_actors[0], no_restart=False)
+                killed.append(last_seq)
+
+    monkeypatch.setattr(RayRun, "_poll", poll_then_kill)
+    runner = run_on_ray(config, tmp_path / "run")
+    rounds = math.ceil(32 / (k * H))
+    assert killed and killed[0] < (rounds - 1) * H, killed  # mid-round, before the last
+    dist = json.loads((runner.run.path / "dist.json").read_text())
+    head = dist["shards"][0]
+    assert head["joins"][0] == 2 and dist["failed_run_calls"][0] >= 1  # restarted, rejoined
+    assert head["applied"] == [rounds] * k and head["last_seq"] == [rounds * H] * k
+    assert (head["steps"], head["local_steps"]) == (rounds * k * H, rounds * k * (H - 1))
+    assert head["seq_gaps"] == 0 and head["rejected_after_stop"] == 0
+    assert runner.summary["updates"] == rounds and runner.summary["pushes"] == rounds * k
+    # the lost process's local steps of the round, sent again by its restart
+    assert head["duplicates"] == dist["worker_replies"]["duplicate"] == killed[0] % H
+    # a push comes H steps (about 128 ms each) after its round's pull, not one
+    assert min(runner.merger.durations) > (H - 1) * 0.128
+    assert runner.rows[-1]["test_loss"] < runner.rows[0]["test_loss"]
 
 
 @pytest.mark.ray

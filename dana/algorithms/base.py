@@ -363,6 +363,12 @@ class Algorithm:
     #: (:meth:`WorkerRule.set_speed`); runners then give it.
     uses_speed: ClassVar[bool] = False
 
+    @property
+    def round_steps(self) -> int:
+        """A synchronous rule's gradient computations per worker in a round: 1 (``ssgd``),
+        or its local steps and push (``diloco``'s ``local_steps``)."""
+        return 1
+
     def __post_init__(self) -> None:
         """Validate the hyper-parameters: a subclass calls ``super().__post_init__()``,
         then checks its own fields and stores their normalised values with :meth:`_set`."""

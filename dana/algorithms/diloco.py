@@ -81,5 +81,9 @@ class Diloco(OuterMomentumAlgorithm):
                 f"outer_weight {self.outer_weight!r}; scale outer_lr instead"
             )
 
+    @property
+    def round_steps(self) -> int:
+        return self.local_steps
+
     def _master_hparams(self) -> dict[str, Any]:
         return {"outer_lr": self.outer_lr, "momentum": self.momentum}

@@ -17,9 +17,13 @@ the driver only watches:
 - asynchronous algorithms: each worker runs its loop until the servers, having applied
   the run's last step, answer ``stop``; a worker whose process dies is restarted by Ray
   and its loop started again (it rejoins with a fresh pull);
-- ``ssgd`` (``Algorithm.synchronous``): real rounds: the driver starts one step on every
-  worker and waits for all ``k`` pushes before the next round (a crashed worker is
-  restarted and redoes its step; a push already applied is not applied twice).
+- synchronous algorithms (``Algorithm.synchronous``: ``ssgd``, ``diloco``): real
+  rounds, as the simulator's: the driver starts a round on every worker (its ``H``
+  steps, :attr:`~dana.algorithms.base.Algorithm.round_steps`: ``H - 1`` local steps, then its push) and
+  waits for all ``k`` pushes before the next round, which every worker starts with a
+  pull. A round is ``k*H`` steps, so round ``steps // (k*H)`` comes next (also after a
+  resume). A crashed worker is restarted and redoes its round; a push already applied
+  is not applied twice, nor a local step counted twice (:mod:`dana.ps.worker`).
 
 Shard 0 (the head) relays every call to a standby replica of itself (waiting for it)
 and to the other shards, so that a push is applied on all of them or on none and all
@@ -33,12 +37,12 @@ and its standby at once raises :class:`~dana.errors.FaultError` (exit status 4:
 while the run starts (before the first push) is handled the same way; an actor whose
 constructor raised is bad input.
 
-``--max-staleness s`` (asynchronous algorithms; ``ssgd`` ignores it, as in the
+``--max-staleness s`` (asynchronous algorithms; synchronous ones ignore it, as in the
 simulator): shard 0 keeps the floor's start and push gates
 (:mod:`dana.train.rules.gate`, on its clock) and answers what they refuse with "wait". The summary's
 ``wait_time`` is the seconds workers spent waiting, summed over workers.
 
-Every ``POLL_SECONDS`` (and after every ``ssgd`` round) the driver drains the servers'
+Every ``POLL_SECONDS`` (and after every synchronous round) the driver drains the servers'
 logs and snapshots, evaluates each evaluation snapshot itself (the servers go on
 meanwhile) and writes each checkpoint snapshot to ``checkpoint.pt``
 (:mod:`dana.ps.points`). Times in the log (the ``sim_time`` column) are seconds of
@@ -108,8 +112,10 @@ class RayRun:
         self.d = problem.flat.d
         self.batches_per_epoch = problem.dataset.train_size // config.batch_size
         self.synchronous = algorithm.synchronous
-        # Bounded staleness (ssgd ignores it): shard 0 gates. Shard 0 relays every call to
-        # its standby and the other shards, so a push is applied on all or on none.
+        self.round_steps = algorithm.round_steps  # H: a worker's steps per synchronous round
+        # Bounded staleness (synchronous rules ignore it): shard 0 gates. Shard 0 relays
+        # every call to its standby and the other shards, so a push is applied on all or
+        # on none.
         self.bounded = bounds_staleness(config.max_staleness, self.synchronous)
         self.with_standby = config.standby  # False: --no-standby
         self.ray: Any = None  # the ray module, while the run executes
@@ -342,10 +348,11 @@ class RayRun:
             )
 
     def _run_rounds(self, progress: Progress) -> None:
-        """``ssgd``: one step on every worker per round; the next round starts when all
-        ``k`` pushes are in (the master has then moved once)."""
+        """Synchronous algorithms: ``H`` steps on every worker per round (``H - 1``
+        local, then its push); the next round starts when all ``k`` pushes are in (the
+        master has then moved once). Evaluations and checkpoints fall between rounds."""
         ray, workers = self.ray, self.worker_actors
-        round_index = self.steps // self.k
+        round_index = self.steps // (self.k * self.round_steps)
         while self.steps < self.end and self.points.diverged_at is None:
             if preempt.requested():  # (between rounds: a checkpoint holds whole rounds)
                 self._preempt(progress, [])
@@ -404,8 +411,8 @@ class RayRun:
             if self.synchronous:
                 raise DanaError(
                     f"worker {i} died and cannot be restarted (max_restarts "
-                    f"{WORKER_RESTARTS}); ssgd cannot go on without it. Continue from the "
-                    f"last checkpoint with `dana train --resume {self.run.path}`"
+                    f"{WORKER_RESTARTS}); {self.config.algorithm} cannot go on without it. "
+                    f"Continue from the last checkpoint with `dana train --resume {self.run.path}`"
                 ) from None
             self.calls.lost.append(i)
             # Gone for good: the master rule is told (its state for i dropped or folded;

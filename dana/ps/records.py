@@ -22,7 +22,7 @@ class Counts:
     """A shard's counters (``dist.json``, per shard)."""
 
     steps: int = 0  # gradient computations heard of, local ones included
-    updates: int = 0  # times the master's parameters moved (ssgd: once per round)
+    updates: int = 0  # times the master's parameters moved (synchronous: once per round)
     pushes: int = 0  # messages applied
     local_steps: int = 0
     duplicates: int = 0  # pushes sent again: answered "duplicate", not applied again

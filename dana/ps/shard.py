@@ -2,10 +2,10 @@
 
 A :class:`ShardServer` owns the master rule of an algorithm built on the contiguous shard
 ``params[lo:hi]`` (for an ``elementwise`` algorithm a rule on a shard is the rule; the
-configuration refuses to shard the others; ``ssgd``'s round of ``k`` pushes completes on every
-shard with the same pushes). It runs as a Ray actor that executes one method at a time,
-so a push is applied whole before the next call is looked at, and no call ever waits
-for a worker: a slow worker only delays its own next call. Shard 0, the head, is a
+configuration refuses to shard the others; a synchronous rule's round of ``k`` pushes
+completes on every shard with the same pushes). It runs as a Ray actor that executes one
+method at a time, so a push is applied whole before the next call is looked at, and no
+call ever waits for a worker: a slow worker only delays its own next call. Shard 0, the head, is a
 :class:`~dana.ps.head.HeadServer`: this class with the staleness gate and the relay.
 
 Calls (:mod:`dana.ps.protocol`; the workers make them through the head, which relays
@@ -33,11 +33,12 @@ them here as numbered :class:`~dana.ps.protocol.Call` s, :meth:`relayed`):
 Counters (:class:`~dana.ps.records.Counts`): ``steps`` (gradient computations, local ones
 included: the simulator's ``steps``; epochs are ``steps / batches_per_epoch``),
 ``pushes`` (messages applied) and ``updates`` (times the master's parameters moved: one
-per push, or one per round of ``k`` for ``ssgd``). The staleness of a push is
-``updates`` now minus ``updates`` at the worker's pull. At every evaluation or
-checkpoint point (a number of steps; for ``ssgd`` the first round boundary at or after
-it) the server snapshots the parameters to evaluate, and at checkpoint points its whole
-state, without stopping.
+per push, or one per round of ``k`` pushes for a synchronous rule, ``ssgd`` or
+``diloco``, whose round is ``k*H`` steps with ``diloco``'s ``H - 1`` local steps per
+worker). The staleness of a push is ``updates`` now minus ``updates`` at the worker's
+pull. At every evaluation or checkpoint point (a number of steps; for a synchronous rule
+the first round boundary at or after it) the server snapshots the parameters to
+evaluate, and at checkpoint points its whole state, without stopping.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class ShardServer:
         probes: the shard's gap probes (:class:`~dana.ps.layout.Layout`).
         batches_per_epoch: ``train_size // batch_size``.
         end: stop after this many steps (asynchronous runs); ``None``: the driver ends
-            the run (``ssgd``'s rounds).
+            the run (a synchronous rule's rounds).
         evals, checkpoints: the step counts at which to snapshot for an evaluation, and
             for a checkpoint.
         state: a checkpointed :meth:`state` to continue from.
@@ -104,6 +105,7 @@ class ShardServer:
         torch.set_num_threads(1)
         self.k, self.k_max = workers, k_max  # (k_max: the rules' size, dana.train.rules.members)
         self.synchronous = algorithm.synchronous
+        self.round_steps = algorithm.round_steps
         self.master = algorithm.master(torch.from_numpy(params), k_max)  # (a copy)
         self._plain_pull = type(self.master).pull is MasterRule.pull  # pull == copy theta
         self._out = None if self._plain_pull else torch.empty_like(self.master.theta)
@@ -255,7 +257,7 @@ class ShardServer:
             return Status.APPLIED
         self.counts.updates += bool(self.master.leave(worker, self.lr()))
         self.probes.clear_offset(worker)  # its rule's state is lost with it
-        self._after_step(moved=True)  # (ssgd: a departure may complete the round)
+        self._after_step(moved=True)  # (synchronous: a departure may complete the round)
         return Status.APPLIED
 
     def halt(self) -> None:
@@ -308,7 +310,7 @@ class ShardServer:
 
     # -- state --------------------------------------------------------------------------
     def lr(self) -> float:
-        """The rate of the next update (``ssgd``: of the round under way)."""
+        """The rate of the next update (synchronous: of the round under way)."""
         return next_rate(
             self.schedule,
             self.steps,
@@ -316,6 +318,7 @@ class ShardServer:
             self.k,
             self.batches_per_epoch,
             self.synchronous,
+            self.round_steps,
         )
 
     def state(self) -> dict[str, Any]:
@@ -386,7 +389,8 @@ class ShardServer:
         return out.numpy()
 
     def _after_step(self, moved: bool) -> None:
-        """Snapshot at the points passed (``ssgd``: once its round is complete); stop at end."""
+        """Snapshot at the points passed (synchronous: once the round is complete, never
+        at a local step); stop at the end."""
         for point in self.snapshots.due(self.steps, moved, self.synchronous):
             self._snapshot(point)
         if self.end is not None and self.steps >= self.end:

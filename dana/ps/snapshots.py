@@ -1,10 +1,10 @@
 """A shard's snapshots: at which steps it takes them, and those the driver has not fetched.
 
-At every evaluation or checkpoint point (a number of steps; for ``ssgd`` the first
-round boundary at or after it) a shard server snapshots the parameters to evaluate,
-and at checkpoint points its whole state, without stopping (:mod:`dana.ps.server`);
-the driver fetches them with ``poll``. A fresh run also snapshots its start (point 0),
-a resumed one only the points after its checkpoint.
+At every evaluation or checkpoint point (a number of steps; for a synchronous rule,
+``ssgd`` or ``diloco``, the first round boundary at or after it) a shard server
+snapshots the parameters to evaluate, and at checkpoint points its whole state, without
+stopping (:mod:`dana.ps.server`); the driver fetches them with ``poll``. A fresh run
+also snapshots its start (point 0), a resumed one only the points after its checkpoint.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ class Snapshots:
         self.taken: list[dict[str, Any]] = []
 
     def due(self, steps: int, moved: bool, synchronous: bool) -> list[int]:
-        """The points passed at ``steps`` (``ssgd``: only once its round is complete,
-        ``moved``); they are no longer pending."""
+        """The points passed at ``steps`` (synchronous: only once the round is complete,
+        ``moved``, so never at a local step); they are no longer pending."""
         due: list[int] = []
         if self.points and steps >= self.points[0] and (moved or not synchronous):
             while self.points and steps >= self.points[0]:

@@ -20,7 +20,17 @@ own state, e.g. ``dana-slim``'s momentum ``v_i``). One step, as in the simulator
    own (:class:`~dana.train.rules.codecs.Wire`; ``topk``'s residual is this worker's, kept
    across its pushes, and starts from zero when its process does, as its rule state);
 3. push the message with the next sequence number and pull in the same round trip
-   (``exchange``); ``ssgd``: push, and pull again only in the driver's next round.
+   (``exchange``); a synchronous rule (``ssgd``, ``diloco``): push, and pull again only
+   in the driver's next round.
+
+Synchronous rounds (:meth:`Worker.run` with a round index ``r``): a worker takes its
+``H`` steps of the round (``Algorithm.round_steps``: ``diloco``'s ``local_steps``, else 1) from
+the round's parameters, the ``H - 1`` local steps reported to the servers as such, then
+its push. Round ``r``'s calls are numbered ``r*H + 1 .. (r + 1)*H``, whatever happened
+before, so that the servers count ``k*H`` steps a round and a restarted worker knows
+from its join whether its push of the round is in (then it skips the round); if not, it
+takes the round's ``H`` steps again from its fresh rule state, and the local steps its
+lost process had reported are answered ``"duplicate"`` (not counted twice).
 
 Bounded staleness (``--max-staleness``): a server answers a pull or a push the bound
 does not allow yet with ``"wait"``; the worker sends the same call again after a pause
@@ -117,6 +127,7 @@ class Worker:
         self.delay: StepDelay | ClusterDelay | None = None
         self.clock_zero = time.time()  # model time 0 of an emulated cluster (run())
         self.seq = 0  # the sequence number of this worker's last push
+        self.round_steps = algorithm.round_steps  # H: its computations per synchronous round
         self.lr = 0.0  # the rate of the next step, as the servers last told it
 
     def ready(self) -> dict[str, str]:
@@ -127,8 +138,10 @@ class Worker:
     def run(
         self, round_index: int | None = None, clock_zero: float | None = None
     ) -> dict[str, int]:
-        """Steps until the servers say stop (``round_index=None``), or one ``ssgd`` round.
-        ``clock_zero``: the servers' start of training (an emulated cluster's time 0).
+        """Steps until the servers say stop (``round_index=None``), or one synchronous
+        round: its ``H`` steps, numbered ``r*H + 1 .. (r + 1)*H`` (skipped if its push is
+        in already; the module docstring). ``clock_zero``: the servers' start of training
+        (an emulated cluster's time 0).
 
         Returns counts of the pushes sent and of the servers' replies (shard 0's), and
         ``seq``: the sequence number of this worker's last push.
@@ -138,9 +151,10 @@ class Worker:
         counts: Counter[str] = Counter()
         params = self._pull(counts)
         if round_index is not None:
-            if params is not None and self.seq < round_index + 1:
-                self.seq = round_index
-                self._step(params, counts, exchange=False)
+            if params is not None and self.seq < (round_index + 1) * self.round_steps:
+                self.seq = round_index * self.round_steps
+                while params is not None:  # (None after the round's push, or at a stop)
+                    params = self._step(params, counts, exchange=False)
             return {**counts, "seq": self.seq}
         while params is not None:
             params = self._step(params, counts, exchange=True)
@@ -163,7 +177,7 @@ class Worker:
 
     def _start(self, incarnation: int) -> None:
         cfg = self.config
-        seed = int(np.random.SeedSequence([cfg.seed, self.index, incarnation]).generate_state(1)[0])
+        seed = stream_seed(cfg.seed, self.index, incarnation)
         self.stream = self.problem.batches(seed, worker=self.index)
         if cfg.time_scale > 0 and cfg.cluster is not None:
             dataset, flat = self.problem.dataset, self.problem.flat.flat
@@ -244,12 +258,18 @@ class Worker:
         if message is None:  # a local step: the next one computes at the same parameters,
             self.lr = reply.lr  # at the rate of the run's next step, as in the simulator
             return params
-        if not exchange:  # ssgd: the next round pulls
+        if not exchange:  # a synchronous round: the next round pulls
             return None
         if reply.params is None:  # the run is over, or the pull must wait: pull on its own
             return self._pull(counts)
         self.lr = reply.lr
         return self._arrived(reply.params, counts)
+
+
+def stream_seed(seed: int, worker: int, incarnation: int) -> int:
+    """The seed of worker ``worker``'s own batch stream in its ``incarnation``-th process
+    (a restart or a resume draws a new order)."""
+    return int(np.random.SeedSequence([seed, worker, incarnation]).generate_state(1)[0])
 
 
 def _pause(seconds: float) -> float:

@@ -113,6 +113,7 @@ class Simulator:
         self.per_worker_batches = bool(getattr(batches, "per_worker", False))
         self.measure_gap = measure_gap
         self.synchronous = algorithm.synchronous
+        self.round_steps = algorithm.round_steps
         self.max_staleness = check_staleness(max_staleness)
         bounded = bounds_staleness(max_staleness, self.synchronous)
         self.bound = Bound(max_staleness) if bounded else None
@@ -171,7 +172,7 @@ class Simulator:
     def lr(self) -> float:
         """The rate of the next update (:func:`~dana.train.rules.schedule.next_rate`)."""
         per_epoch = self.batches.batches_per_epoch
-        args = (self.steps, self.updates, self.k, per_epoch, self.synchronous)
+        args = (self.steps, self.updates, self.k, per_epoch, self.synchronous, self.round_steps)
         return next_rate(self.lr_schedule, *args)
 
     def params(self) -> Tensor:

@@ -70,16 +70,18 @@ def next_rate(
     workers: int,
     batches_per_epoch: int,
     synchronous: bool,
+    round_steps: int = 1,
 ) -> float:
     """The learning rate of a runner's next update: ``schedule`` read at a fractional epoch.
 
     Asynchronous: every gradient computation is an update, read at the data consumed so
-    far, ``steps / batches_per_epoch``. Synchronous (``ssgd``): a round of ``workers``
-    pushes is one update, read once at the round's start, ``updates * workers /
-    batches_per_epoch``, so that every push of the round carries the rate the round
-    applies (round ``r`` applies the schedule at epoch ``r * workers / batches_per_epoch``).
+    far, ``steps / batches_per_epoch``. Synchronous (``ssgd``, ``diloco``): a round of
+    ``workers`` workers' ``round_steps`` computations each is one update, read once at the
+    round's start, ``updates * workers * round_steps / batches_per_epoch``, so that every
+    step and push of the round carries the rate of the data consumed before it (round
+    ``r`` reads the schedule at epoch ``r * workers * round_steps / batches_per_epoch``).
     The simulator and the shard servers both read it here.
     """
     if synchronous:
-        return schedule(updates * workers / batches_per_epoch)
+        return schedule(updates * workers * round_steps / batches_per_epoch)
     return schedule(steps / batches_per_epoch)
