@@ -37,7 +37,7 @@ def test_readme_shows_the_two_python_examples_and_points_to_dana_optim():
 
 def test_readme_shows_the_language_model_preset_and_the_install():
     text = README.read_text()
-    assert "dana sweep --preset text-quick --data-dir" in text
+    assert "dana sweep --preset text-quick --out" in text  # the fortunes: no --data-dir
     install = text[text.index("## Install") :]
     assert install.index('pip install ".[ray,mlflow]"') < install.index("scripts/setup.sh")
 

@@ -529,3 +529,10 @@ def test_a_loss_target_is_relative_to_the_baseline_whatever_its_scale(tmp_path):
         targets = choose_targets(results)
         assert [t.value for t in targets] == pytest.approx([2.02 * scale, 2.04 * scale])
         assert "+ 1% =" in targets[0].text
+
+
+def test_a_target_no_run_reached_is_one_line_not_a_table_of_not_reached(tmp_path):
+    for name, k in (("dana-slim", 1), ("asgd", 4)):
+        fake_run(tmp_path, f"{name}{k}", name, k, 0, [0.9, 0.5, 0.3])
+    text = build_report(tmp_path, target=0.01).markdown
+    assert "No run reached it." in text and "not reached (" not in text

@@ -51,6 +51,7 @@ from dana.experiments.targets import (
     TARGET_RULE,
     Target,
     choose_targets,
+    group_time,
     has_scaled_ssgd,
     speedup_bounds,
     speedup_cells,
@@ -343,6 +344,9 @@ def _body(
         lines += [heading + t.text + ("" if len(targets) > 1 else "."), ""]
         if t.skip is not None:
             lines += [t.skip, ""]
+            continue
+        if not any(group_time(g, t.value)[1] for g in results.groups.values()):
+            lines += ["No run reached it.", ""]
             continue
         lines += [
             "Simulated time to the target (mean over seeds), and in brackets the speed-up "
