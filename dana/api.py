@@ -116,6 +116,8 @@ def simulate(
     """
     check_model(model, "simulate")
     check_callable(loss_fn, "loss_fn", "simulate")
+    if callback is not None:
+        check_callable(callback, "callback", "simulate", "callback(sim) -> True to stop")
     data = TensorData(x, y, "simulate(x, y)")
     where = resolve_device(device)
     config = entry_config(simulate, locals(), dataset="user", device=where.type)

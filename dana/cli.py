@@ -87,7 +87,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         out = run.path
     else:
         config = TrainConfig.from_dict(collect_options(args), "options").validate()
-        out = args.out or default_out(config)
+        out = default_out(config) if args.out is None else args.out
     summary = train(
         config,
         out,

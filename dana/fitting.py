@@ -74,6 +74,9 @@ from dana.train.task.reading import (
 from dana.train.training import add_columns, check_runner, execute_run, start_run
 
 ModelOrFactory = nn.Module | Callable[[], nn.Module]
+#: What a model or a loss raises on inputs or targets it cannot take (torch's shape and
+#: dtype errors are RuntimeErrors; an out-of-range class label, an IndexError).
+_MODEL_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
 
 
 @dataclass
@@ -146,6 +149,8 @@ class UserProblem(FlatProblem):
         except ValueError as e:
             raise ConfigError(f"model: {e}") from None
         self.train = self._placed(spec.train)
+        if isinstance(self.train, TensorData):  # (data read per batch: the test probe, below)
+            self.check_fits(*self.train.rows(torch.arange(min(2, self.train.n))))
         labels = self.train.labels
         classes = labels is not None and labels.dim() == 1 and not labels.is_floating_point()
         self.dataset = UserData(self.train.n, labels if classes else None)
@@ -157,6 +162,7 @@ class UserProblem(FlatProblem):
         self.derived: dict[str, Callable[[dict[str, float]], float]] = {}
         if self.test is not None:
             x, y = self.probe()
+            self.check_fits(x, y, "test")
             self.test_batch = eval_batch_size(y)  # (examples an evaluation reads at once)
             if probe_task(self.flat.module, x, y) == TOKENS:
                 self.derived["test_perplexity"] = perplexity
@@ -164,6 +170,39 @@ class UserProblem(FlatProblem):
     def _placed(self, data: Data) -> Data:
         """``data``, on the device if held in memory (read batches are placed as read)."""
         return data.to(self.device, self.dtype) if isinstance(data, TensorData) else data
+
+    def check_fits(self, x: I.Inputs, y: Tensor, what: str = "train") -> None:
+        """ConfigError, saying what to change, unless the model takes ``x`` (two examples
+        of the ``what`` data) and the loss its outputs and the targets ``y``: a run would
+        fail at its first step with the raw error. In eval mode, without gradients (no
+        running statistics move)."""
+        module, training = self.flat.module, self.flat.module.training
+        shapes = [tuple(t.shape) for t in I.tensors(x)]
+        module.eval()
+        try:
+            with torch.no_grad():
+                try:
+                    out = I.call(module, x)
+                except _MODEL_ERRORS as e:
+                    raise ConfigError(
+                        f"model: it cannot take the {what} data's inputs (shape "
+                        f"{shapes[0] if len(shapes) == 1 else shapes} for two examples): "
+                        f"{type(e).__name__}: {e}; give the model an input layer of the "
+                        "data's size (in_features, in_channels, ...) or reshape the data"
+                    ) from None
+                try:
+                    self.loss_fn(out, y)
+                except _MODEL_ERRORS as e:
+                    raise ConfigError(
+                        f"loss_fn: it cannot take the model's outputs (shape "
+                        f"{tuple(getattr(out, 'shape', ()))}) and the {what} data's targets "
+                        f"(shape {tuple(y.shape)}, {y.dtype}): {type(e).__name__}: {e}; class "
+                        "labels must be integers for a classification loss (the default "
+                        "cross-entropy): pass y.long(); for other targets pass a loss_fn that "
+                        "takes them (e.g. torch.nn.functional.mse_loss)"
+                    ) from None
+        finally:
+            module.train(training)
 
     def _on_device(self, x: I.Inputs, y: Tensor) -> tuple[I.Inputs, Tensor]:
         return place(x, self.device, self.dtype), place(y, self.device, self.dtype)

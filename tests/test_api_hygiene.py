@@ -57,6 +57,14 @@ CASES = [
     ("sim-factory", dana.simulate, (_model, X, Y), {}, TypeError, ["torch.nn.Module", "got function"]),
     ("sim-epochs-0", dana.simulate, (_model(), X, Y), {"epochs": 0}, ValueError, ["epochs"]),
     ("sim-lr-str", dana.simulate, (_model(), X, Y), {"lr": "0.1"}, ValueError, ["lr", "'0.1'"]),
+    ("fit-float-labels", dana.fit, (_model, (X, Y.float())), {}, ValueError, ["loss_fn", "torch.float32", "y.long()"]),
+    ("fit-features", dana.fit, (lambda: torch.nn.Linear(5, 2), (X, Y)), {}, ValueError, ["model", "train data's inputs (shape (2, 4)", "input layer"]),
+    ("fit-test-features", dana.fit, (_model, (X, Y), (X[:, :3], Y)), {}, ValueError, ["model", "the test data's inputs (shape (2, 3)"]),
+    ("fit-callback", dana.fit, (_model, (X, Y)), {"callback": 5}, TypeError, ["unexpected keyword argument 'callback'"]),
+    ("fit-out-empty", dana.fit, (_model, (X, Y)), {"out": ""}, ValueError, ["out is empty"]),
+    ("sim-callback", dana.simulate, (_model(), X, Y), {"callback": 5}, TypeError, ["callback must be a function", "got int"]),
+    ("sim-float-labels", dana.simulate, (_model(), X, Y.float()), {}, ValueError, ["loss_fn", "y.long()"]),
+    ("sim-features", dana.simulate, (torch.nn.Linear(5, 2), X, Y), {}, ValueError, ["model", "input layer"]),
 ]  # fmt: skip
 
 

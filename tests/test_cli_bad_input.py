@@ -113,6 +113,10 @@ def resumable(resumable_template, tmp_path) -> Path:
         (["--seed", str(2**70)], ["--seed", "4294967295"]),
         (["--algo-param", "nesterov=!!python/object/apply:os.system [ls]"], ["--algo-param"]),
         (["--algo-param", "x=!custom 1"], ["--algo-param"]),
+        (
+            ["--algo-param", "x=" + "[" * 5000 + "]" * 5000],
+            ["--algo-param", "nested more than 100"],
+        ),
         (["--epochs", "1e8"], ["--epochs", "1000000"]),
         (["--eval-every", "1e-8"], ["--eval-every", "100,000"]),
         (["--checkpoint-every", "1e-9", "--epochs", "1"], ["--checkpoint-every"]),
@@ -135,6 +139,7 @@ def resumable(resumable_template, tmp_path) -> Path:
         "seed-2**70",
         "yaml-python-tag",
         "yaml-custom-tag",
+        "yaml-nested-5000",
         "epochs-1e8",
         "eval-every-1e-8",
         "checkpoint-every-1e-9",
@@ -486,6 +491,9 @@ def test_sweep_grid_value_with_a_yaml_tag(tmp_path):
         ),
         ("- 1\n- 2\n", ["a cluster file holds a mapping"]),
         ("network: [\n", ["not valid YAML"]),
+        (f"network:\n  latency_ms: {10**400}\n", ["network.latency_ms must be a number"]),
+        (f"compute:\n  model: gamma\n  shape: {10**400}\n", ["shape must be a positive number"]),
+        ("network: " + "[" * 5000 + "]" * 5000 + "\n", ["nested more than 100 levels"]),
     ],
     ids=[
         "unknown-field",
@@ -495,6 +503,9 @@ def test_sweep_grid_value_with_a_yaml_tag(tmp_path):
         "all-gone",
         "not-a-mapping",
         "bad-yaml",
+        "latency-401-digits",
+        "timing-401-digits",
+        "nested-5000",
     ],  # fmt: skip
 )
 def test_bad_cluster_file(tmp_path, text, fragments):
@@ -502,3 +513,40 @@ def test_bad_cluster_file(tmp_path, text, fragments):
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(text)
     assert_train_refused(tmp_path / "run", *SMALL, "--cluster", str(cluster), fragments=fragments)
+
+
+def test_output_paths_that_cannot_be_directories(tmp_path):
+    """An empty --out (it would mean a default folder), or a --out or --export that is
+    a file or lies under one: exit 2, the option named, nothing written anywhere."""
+    from conftest import fake_run
+
+    results = tmp_path / "results"
+    fake_run(results, "dana-slim_k2_s0", "dana-slim", 2, 0, [0.5, 0.4])
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    sweep = ["sweep", "--algorithms", "dana-slim", "--workers", "2", "--seeds", "0", "--quiet"]
+    cases = [
+        (["train", *SMALL, "--out", ""], ["--out is empty"]),
+        ([*sweep, "--out", ""], ["--out is empty"]),
+        ([*sweep, "--out", str(mine)], [f"--out {mine} exists and is not a directory"]),
+        (["report", str(results), "--export", str(mine)], ["--export", "not a directory"]),
+        (["report", str(results), "--export", str(mine / "copy")], [f"{mine} is a file"]),
+        (["report", str(results), "--export", ""], ["--export is empty"]),
+        (["report", str(results), "--out", str(mine)], ["--out", "not a directory"]),
+    ]
+    before = snapshot(tmp_path)
+    for args, fragments in cases:
+        assert_bad_input(run_dana(*args, cwd=tmp_path), *fragments)
+        assert snapshot(tmp_path) == before, args
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "results"], args
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="writes under /proc")
+def test_report_export_into_a_place_it_cannot_write(tmp_path):
+    """An --export no file can be written in (/proc: even root cannot): exit 2, the file
+    named, no traceback."""
+    from conftest import fake_run
+
+    fake_run(tmp_path, "dana-slim_k2_s0", "dana-slim", 2, 0, [0.5, 0.4])
+    result = dana("report", str(tmp_path), "--export", "/proc/dana-export")
+    assert_bad_input(result, "cannot write /proc/dana-export/")

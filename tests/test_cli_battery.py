@@ -50,6 +50,10 @@ FILES = [
     ("json-batch-1e20", "b.json", f'{{"batch_size": {10**20}}}', ["--batch-size", "64 bits"]),
     ("json-staleness-1e30", "st.json", f'{{"max_staleness": {10**30}}}', ["--max-staleness", "64 bits"]),
     ("trace-path-int", "tp.yaml", "timing: trace\ntiming_params: {path: 5}\n", ["path must be a file name"]),
+    ("json-lr-401-digits", "lr.json", f'{{"lr": {10**400}}}', ["--lr must be a number > 0"]),
+    ("yaml-nested-5000", "bad-nested.yaml", "a: " + "[" * 5000 + "]" * 5000 + "\n", ["nested more than 100"]),
+    ("json-nested-5000", "bad-nested.json", '{"a": ' + "[" * 5000 + "]" * 5000 + "}", ["nested more than 100"]),
+    ("yaml-alias-in-itself", "bad-loop.yaml", "timing_params: &x {a: *x}\n", ["alias inside itself"]),
 ]  # fmt: skip
 
 
@@ -94,6 +98,8 @@ DEPENDENT = [
     ("servers-without-cluster", ["--servers", "2", "--algorithm", "asgd"], ["--servers", "--cluster"]),
     ("experiment-without-mlflow", ["--mlflow-experiment", "x"], ["--mlflow-experiment", "--mlflow"]),
     ("data-dir-of-synthetic", ["--data-dir", "."], ["--data-dir", "reads no files"]),
+    ("relay-log-bytes-in-sim", ["--relay-log-bytes", "1000"], ["--relay-log-bytes 1000", "--backend ray"]),
+    ("server-timeout-in-sim", ["--server-timeout", "5"], ["--server-timeout 5.0", "--backend ray"]),
 ]  # fmt: skip
 
 

@@ -137,6 +137,44 @@ def test_growth_is_checked():
         TrainConfig(**base, backend="ray", cluster="cloud").validate()
 
 
+@needs_ray
+def test_growth_past_the_runs_end_is_refused(tmp_path):
+    """A growth step the run never reaches (known once the data are: 1 epoch of 256 // 32
+    = 8 steps) is refused before anything is written or started, by ``dana train`` and
+    by ``dana.fit`` (each naming the option its way)."""
+    import dana
+    from dana.train.training import train
+
+    config = TrainConfig(
+        workers=2, max_workers=4, grow_at="4:1,999999999:1", dataset="synthetic", model="mlp",
+        train_size=256, test_size=64, batch_size=32, epochs=1.0, backend="ray",
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"--grow-at 4:1,999999999:1: step 999999999 .* 8 steps"):
+        train(config, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+    x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))
+    with pytest.raises(ConfigError, match=r"grow_at 8:1: step 8 is not before the run's end"):
+        dana.fit(torch.nn.Linear(4, 2), (x, y), workers=2, max_workers=3, grow_at="8:1",
+                 batch_size=16, epochs=2, backend="ray", out=tmp_path / "fit")  # fmt: skip
+    assert not (tmp_path / "fit").exists()
+
+
+def test_a_request_that_is_not_text_is_reported_and_ignored(tmp_path, capsys):
+    """``RUN/add-workers`` holding bytes that are not UTF-8 (or a number of 5,000 digits)
+    is reported on stderr, removed and ignored, as any text that is no number; the next
+    request is read as usual."""
+    from dana.ps.membership import Membership
+
+    members = Membership(tiny(algorithm="dana-zero", workers=2, max_workers=4), tmp_path)
+    request = tmp_path / "add-workers"
+    for junk in (b"\xff\xfe2\x00", b"9" * 5000):
+        request.write_bytes(junk)
+        assert members._requested() == 0 and not request.exists()
+        assert "not a number of workers to add: ignored" in capsys.readouterr().err
+    request.write_bytes(b"1\n")
+    assert members.due(0) == 1
+
+
 class KillAt(Progress):
     """Kills worker ``worker`` for good (no restart) once the run has passed ``steps``."""
 

@@ -91,6 +91,84 @@ def test_the_model_file_is_safetensors_and_ties_weights_once(tmp_path):
     assert reloaded.head.weight is reloaded.tok.weight and torch.equal(flat(reloaded), flat(model))
 
 
+#: The description of a linear model on 1x4x4 images in 3 classes (tensors 1.weight [3, 16]
+#: and 1.bias [3]), and of a one-layer Transformer (its head tied to its embedding).
+LINEAR = {"model": "linear", "kind": "images", "in_channels": 1, "image_size": 4, "num_classes": 3}
+LM = {"model": "transformer-1-32-16", "kind": "tokens", "num_classes": 256}
+
+
+def _crafted(kind: str, good: bytes) -> bytes:
+    """A corrupt or hostile model file of each kind (``good``: a valid LINEAR file)."""
+    import safetensors.torch
+
+    from dana.models import build_model
+
+    tensors = build_model("linear", 1, 4, 3).state_dict()
+
+    def meta(info):
+        return {"dana": info if isinstance(info, str) else json.dumps(info)}
+
+    files = {
+        "empty": lambda: b"",
+        "truncated": lambda: good[:-7],
+        "header-cut": lambda: good[:20],
+        "header-length-huge": lambda: (2**60).to_bytes(8, "little") + good[8:],
+        "metadata-not-json": lambda: safetensors.torch.save(tensors, meta("{not json")),
+        "metadata-a-list": lambda: safetensors.torch.save(tensors, meta("[1, 2]")),
+        "size-a-string": lambda: safetensors.torch.save(tensors, meta({**LINEAR, "num_classes": "3"})),
+        "size-missing": lambda: safetensors.torch.save(tensors, meta({**LINEAR, "image_size": None})),
+        "num-classes-1e12": lambda: safetensors.torch.save(tensors, meta({**LINEAR, "num_classes": 10**12})),
+        "num-classes-1e30": lambda: safetensors.torch.save(tensors, meta({**LINEAR, "num_classes": 10**30})),
+        "wrong-shape": lambda: safetensors.torch.save(
+            {**tensors, "1.weight": torch.zeros(3, 15)}, meta(LINEAR)
+        ),
+        "tensor-missing": lambda: safetensors.torch.save({"1.weight": tensors["1.weight"]}, meta(LINEAR)),
+        "transformer-96-12288-65536": lambda: safetensors.torch.save(
+            tensors, meta({**LM, "model": "transformer-96-12288-65536", "num_classes": 65536})
+        ),
+        "tied-to-nothing": lambda: safetensors.torch.save(
+            tensors, meta({**LINEAR, "tied": {"1.bias": "nothing"}})
+        ),
+    }  # fmt: skip
+    return files[kind]()
+
+
+MODEL_FILES = [
+    ("empty", "not a readable model file"),
+    ("truncated", "not a readable model file"),
+    ("header-cut", "not a readable model file"),
+    ("header-length-huge", "not a readable model file"),
+    ("metadata-not-json", "metadata is not valid JSON"),
+    ("metadata-a-list", "metadata is a list"),
+    ("size-a-string", "num_classes '3'"),
+    ("size-missing", "image_size None"),
+    ("num-classes-1e12", "1.weight [3, 16] (the model's: [1000000000000, 16])"),
+    ("num-classes-1e30", "a model torch cannot build"),
+    ("wrong-shape", "of other shapes: 1.weight [3, 15] (the model's: [3, 16])"),
+    ("tensor-missing", "missing: 1.bias"),
+    ("transformer-96-12288-65536", "of 96 layers, and the file holds 2 tensors"),
+    ("tied-to-nothing", "tied weights name tensors the file does not hold"),
+]
+
+
+@pytest.mark.parametrize("kind, fragment", MODEL_FILES, ids=[c[0] for c in MODEL_FILES])
+def test_a_corrupt_or_hostile_model_file_is_refused_naming_it(tmp_path, kind, fragment):
+    """A DanaError naming the file and what is wrong, whatever the file holds; the model its
+    metadata describes is checked against the stored tensors' shapes before it is built
+    (1e12 classes would be 1e13 floats to allocate, a 96-layer Transformer 175e9)."""
+    from dana.models import build_model
+    from dana.train.records.modelfile import save_model
+
+    good = save_model(tmp_path / "good.safetensors", build_model("linear", 1, 4, 3), LINEAR)
+    assert isinstance(dana.load_model(good), torch.nn.Module)
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(_crafted(kind, good.read_bytes()))
+    with pytest.raises(DanaError) as caught:
+        dana.load_model(path)
+    assert str(path) in str(caught.value)
+    assert fragment in str(caught.value), str(caught.value)
+
+
 def test_mlflow_keeps_the_model_as_an_artifact(tmp_path):
     pytest.importorskip("mlflow", reason="MLflow not installed: pip install mlflow-skinny")
     from mlflow.tracking import MlflowClient

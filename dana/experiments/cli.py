@@ -228,10 +228,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from dana.train.records.tracking import require_trackers
 
     require_trackers(spec.fixed)  # every run would fail without its library: say so once, now
-    out = args.out or args.resume or f"results/{args.preset or 'sweep'}"
-    from dana.train.records.rundir import check_local
+    from dana.train.records.rundir import check_directory
 
-    check_local(out)
+    flag, out = ("--out", args.out) if args.out is not None else ("--resume", args.resume)
+    if out is None:
+        out = f"results/{args.preset or 'sweep'}"
+    check_directory(out, flag)
     if args.dry_run:
         from dana.experiments.layout import NEW
         from dana.experiments.reuse import ReusableRuns
@@ -309,13 +311,14 @@ def add_report_parser(sub) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from dana.train.records.rundir import check_local
+    from dana.train.records.rundir import check_directory, check_local
 
-    for flag, value in (("DIR", args.dir), ("--out", args.out), ("--export", args.export)):
+    check_local(args.dir, "DIR")
+    for flag, value in (("--out", args.out), ("--export", args.export)):
         if value is not None:
-            check_local(value, flag)
+            check_directory(value, flag)
     path = args.dir
-    if args.export:
+    if args.export is not None:
         from dana.experiments.export import export_results
 
         count = export_results(args.dir, args.export)

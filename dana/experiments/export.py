@@ -11,10 +11,9 @@ gives the same report. Incomplete runs are left out: their numbers are not resul
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-from dana.atomic import write_text_atomic
+from dana.atomic import write_atomic, write_text_atomic
 from dana.errors import DanaError
 from dana.experiments.results import load_results
 
@@ -56,5 +55,6 @@ def _record_statuses(dest: Path) -> None:
 
 
 def _copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dst)
+    """``src`` copied to ``dst`` whole or not at all (a WriteError naming ``dst`` when it
+    cannot be written)."""
+    write_atomic(dst, src.read_bytes())

@@ -31,6 +31,7 @@ __all__ = [
     "context_length",
     "count_parameters",
     "is_language_model",
+    "model_depth",
 ]
 
 MODELS = (
@@ -91,6 +92,16 @@ def _transformer_size(name: str) -> tuple[int, int, int]:
             f"and a context >= 1, got {layers}, {width}, {context}"
         )
     return layers, width, context
+
+
+def model_depth(name: str) -> int:
+    """The layers the model ``name`` stacks: a Transformer's layers, a (Wide) ResNet's
+    depth, 1 for ``cnn``, ``mlp`` and ``linear``; at most the number of tensors its
+    ``state_dict`` holds. ConfigError for a name dana does not build."""
+    if is_language_model(name):
+        return _transformer_size(name)[0]
+    numbers = _parse(name.strip().lower())[1]
+    return numbers[0] if numbers else 1
 
 
 def context_length(name: str) -> int:

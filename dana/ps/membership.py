@@ -78,15 +78,15 @@ class Membership:
 
     def _requested(self) -> int:
         try:
-            text = self.request.read_text()
+            text = self.request.read_bytes().decode("utf-8", errors="replace")
         except OSError:
             return 0
         self.request.unlink(missing_ok=True)
         try:
             return max(0, int(text.strip()))
-        except ValueError:
+        except ValueError:  # (not a number, not UTF-8 text, or of too many digits)
             print(
-                f"dana: {self.request} holds {text.strip()!r}, not a number of workers to "
+                f"dana: {self.request} holds {text.strip()[:40]!r}, not a number of workers to "
                 "add: ignored (write e.g. 2)",
                 file=sys.stderr,
             )

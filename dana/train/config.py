@@ -16,7 +16,6 @@ a sweep cell and the command line, with no new dependency.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from dana import algorithms
 from dana.algorithms.base import Algorithm
 from dana.data.datasets import dataset_kind, reads_files
 from dana.errors import ConfigError
-from dana.textfile import parse_mapping, read_text
+from dana.textfile import is_number, parse_mapping, read_text
 from dana.train.backends import check_name
 from dana.train.cluster.model import check_cluster_option, timing_of
 from dana.train.cluster.partition import check_partition_option
@@ -326,6 +325,8 @@ PYTHON_NAMES: dict[str, str] = {
 DEPENDENT_OPTIONS: dict[str, str] = {
     "address": "processes",
     "standby": "processes",
+    "server_timeout": "processes",
+    "relay_log_bytes": "processes",
     "time_scale": "processes",
     "servers": "cluster",
     "mlflow_experiment": "mlflow",
@@ -388,13 +389,7 @@ class Rule:
                     f"{flag} {value} is too large for an integer of 64 bits (at most 2**63 - 1)"
                 )
         elif self.kind is float:
-            ok = (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and self._in_range(value)
-            )
-            if not ok:
+            if not (is_number(value) and self._in_range(value)):
                 hint = _number_hint(value)
                 raise ConfigError(f"{flag} must be a number {self._range()}, got {value!r}{hint}")
         elif self.kind is str:
@@ -406,11 +401,7 @@ class Rule:
                 )
         elif self.kind is list:
             if not isinstance(value, list) or any(
-                not isinstance(e, int | float)
-                or isinstance(e, bool)
-                or not math.isfinite(e)
-                or not self._in_range(e)
-                for e in value
+                not (is_number(e) and self._in_range(e)) for e in value
             ):
                 raise ConfigError(f"{flag} must be positive numbers, got {value!r}")
         elif self.kind is dict:
@@ -505,9 +496,7 @@ def _check_algorithm_params(name: str, params: dict[str, Any]) -> None:
         kind = types[key]
         if kind is bool and not isinstance(value, bool):
             raise ConfigError(f"{name}: hyper-parameter {key} must be true or false, got {value!r}")
-        if kind in (float, int) and not (
-            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        ):
+        if kind in (float, int) and not is_number(value):
             raise ConfigError(
                 f"{name}: hyper-parameter {key} must be a number, got {value!r}"
                 + _number_hint(value)

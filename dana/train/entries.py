@@ -110,11 +110,14 @@ def check_model(model: Any, entry: str, factory: bool = False) -> None:
     raise ArgumentTypeError(f"{entry}(): model must be {takes}, got {type(model).__name__}")
 
 
-def check_callable(value: Any, name: str, entry: str) -> None:
+def check_callable(
+    value: Any, name: str, entry: str, use: str = "loss_fn(model(x), y) -> the batch's mean loss"
+) -> None:
+    """ArgumentTypeError unless ``value`` (the argument ``name`` of ``entry``) can be
+    called, as ``use`` says it is."""
     if not callable(value):
         raise ArgumentTypeError(
-            f"{entry}(): {name} must be a function, as loss_fn(model(x), y) -> the batch's mean "
-            f"loss, got {type(value).__name__}"
+            f"{entry}(): {name} must be a function, as {use}, got {type(value).__name__}"
         )
 
 

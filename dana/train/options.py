@@ -77,13 +77,20 @@ def yaml_value(text: str) -> Any:
     ArgumentTypeError for what plain YAML cannot read (a ``!!python`` tag, say)."""
     import yaml
 
+    from dana.textfile import NESTED, too_deep
+
     try:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
     except yaml.YAMLError as e:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise argparse.ArgumentTypeError(
             f"cannot read {text!r}: {problem}; give a plain number, true/false or a string"
         ) from None
+    except RecursionError:
+        raise argparse.ArgumentTypeError(f"cannot read the value: {NESTED}") from None
+    if too_deep(value):
+        raise argparse.ArgumentTypeError(f"cannot read the value: {NESTED}")
+    return value
 
 
 #: Where a row's default text is TrainConfig's (or AUTO_DEFAULTS').

@@ -21,11 +21,12 @@ from typing import Any
 
 from dana.errors import DanaError, Preempted
 from dana.train.backends import check_backend, runner_class
-from dana.train.config import TrainConfig
+from dana.train.config import Flags, TrainConfig
 from dana.train.records import preempt
 from dana.train.records.progress import Progress
 from dana.train.records.rundir import SETTINGS_KEY, RunDir, check_local
 from dana.train.records.tracking import TrackedRun, open_trackers, require_trackers
+from dana.train.rules.members import check_growth_reached
 from dana.train.rules.schedule import LRSchedule
 from dana.train.task.problem import Problem, TrainingProblem
 
@@ -93,8 +94,7 @@ def train(
     require_trackers(config.to_dict())
     algorithm = config.build_algorithm()
     problem = Problem(config)  # loads data and builds the model: bad input fails here
-    runner_cls = runner_class(config.backend)
-    runner_cls.check(config, problem)
+    runner_cls = check_runner(config, problem)
     run.settings = json.dumps(config.to_dict(), sort_keys=True)
     add_columns(run, problem)
     state = None
@@ -117,6 +117,19 @@ def train(
         title = f"{config.algorithm}, k={config.workers}, {config.model} on {config.dataset}"
         summary = execute_run(runner, config, run, title, progress, problem)
     return summary
+
+
+def check_runner(
+    config: TrainConfig, problem: TrainingProblem, names: dict[str, str] | None = None
+) -> Any:
+    """The runner class of ``config.backend``, once ``config`` is checked against
+    ``problem``: the runner's own checks, and growth points (``grow_at``) the run reaches.
+    ``names``: how the caller names the options (:meth:`TrainConfig.validate`'s)."""
+    runner_cls = runner_class(config.backend)
+    runner_cls.check(config, problem)
+    end = stop_points(config, problem.dataset.train_size // config.batch_size)[0][-1]
+    check_growth_reached(config, end, Flags(names))
+    return runner_cls
 
 
 def add_columns(run: RunDir, problem: TrainingProblem) -> None:

@@ -35,13 +35,12 @@ whether a model is today's clock (the simulator's fast path).
 from __future__ import annotations
 
 import copy
-import math
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from dana.errors import ConfigError
-from dana.textfile import parse_mapping, read_text
+from dana.textfile import is_number, parse_mapping, read_text
 from dana.train.cluster.timing import TIMING_MODELS, build_timing
 
 SECTIONS = ("compute", "network", "availability")
@@ -168,7 +167,7 @@ class _Checker:
     def number(
         self, value: Any, field: str, low: float, *, open_low: bool = False, high: float = MAX_MS
     ) -> float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        ok = is_number(value)
         if ok:
             ok = (value > low if open_low else value >= low) and value <= high
         if not ok:

@@ -47,6 +47,7 @@ import numpy as np
 
 from dana.atomic import write_text_atomic
 from dana.errors import ConfigError, DataError
+from dana.textfile import is_number
 
 
 class TimingModel:
@@ -304,12 +305,7 @@ MAX_DURATION = 1e100
 
 
 def _positive(name: str, value: float) -> float:
-    if not (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and 0 < value <= MAX_DURATION
-    ):
+    if not (is_number(value) and 0 < value <= MAX_DURATION):
         raise ConfigError(
             f"timing parameter {name} must be a positive number at most {MAX_DURATION:g}, "
             f"got {value!r}"

@@ -77,14 +77,33 @@ _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def check_local(path: str | Path, flag: str = "--out") -> None:
-    """DanaError for a remote location (``s3://bucket/x``): runs are written to local
-    directories only."""
+    """DanaError for an empty path (which would mean the current directory) or a remote
+    location (``s3://bucket/x``): runs are written to local directories only."""
+    if not str(path).strip():
+        raise ConfigError(f"{flag} is empty; give the path of a directory")
     if _URI.match(str(path)):
         raise ConfigError(
             f"{flag} {path}: runs are written to a local directory, not to remote storage; "
             "give a local path (and copy the run there afterwards: `aws s3 sync DIR URI`, "
             "or track it in MLflow with --mlflow, whose artifact store may be remote)"
         )
+
+
+def check_directory(path: str | Path, flag: str = "--out") -> None:
+    """DanaError unless ``path`` may be a directory to write into: local (:func:`check_local`),
+    not a file, and under directories (a new one is created there)."""
+    check_local(path, flag)
+    path = Path(path)
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(
+                    f"{flag} {path}: {parent} is a file, not a directory; choose {flag} under "
+                    "a directory"
+                )
+            break
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path} exists and is not a directory; choose another")
 
 
 class RunDir:
@@ -169,16 +188,7 @@ class RunDir:
         """DanaError unless a new run may go here: the folder is new, or empty but for
         temporary files of our own interrupted writes (removed), and lies under folders.
         ``flag``: how the caller names the directory (``dana.fit``: ``out``)."""
-        for parent in self.path.parents:
-            if parent.exists():
-                if not parent.is_dir():
-                    raise ConfigError(
-                        f"{flag} {self.path}: {parent} is a file, not a directory; choose "
-                        f"{flag} under a directory"
-                    )
-                break
-        if self.path.exists() and not self.path.is_dir():
-            raise ConfigError(f"{flag} {self.path} exists and is not a directory; choose another")
+        check_directory(self.path, flag)
         if self.holds_run():
             raise ConfigError(
                 f"{self.path} already holds a run; continue it with `dana train --resume "

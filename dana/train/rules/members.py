@@ -85,3 +85,17 @@ def check_members(config: Any, elastic: bool, flag: Any) -> None:
             f"{flag('grow_at')}: {config.algorithm} runs synchronous rounds, which the Ray "
             "runtime does not grow yet; use an asynchronous algorithm"
         )
+
+
+def check_growth_reached(config: Any, steps: int, flag: Any) -> None:
+    """ConfigError for a growth point of ``grow_at`` at or past the run's last step
+    (``steps``, known once the data are: ``epochs`` of ``train_size // batch_size``
+    steps), which would never add its workers."""
+    late = [at for at, _ in parse_grow_at(config.grow_at) if at >= steps]
+    if late:
+        raise ConfigError(
+            f"{flag('grow_at')} {config.grow_at}: step {late[-1]} is not before the run's "
+            f"end (it takes {steps} steps: {flag('epochs')} {config.epochs:g} of "
+            f"{flag('batch_size')} {config.batch_size}), so the run would never grow; give "
+            f"steps below {steps}, or more {flag('epochs')}"
+        )
