@@ -134,6 +134,15 @@ def add_sweep_parser(sub) -> None:
     )
     run.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
     run.add_argument(
+        "--pack",
+        type=int,
+        default=1,
+        metavar="N",
+        help="advance up to N simulator runs of one model and dataset in one process, "
+        "their gradients computed together (each writes its own run directory); "
+        "--jobs counts such processes (default 1: each run alone)",
+    )
+    run.add_argument(
         "--threads",
         dest="threads",
         type=int,
@@ -222,6 +231,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.pack < 1:
+        raise ConfigError(f"--pack must be at least 1, got {args.pack}")
     if args.threads is not None:
         check_threads(args.threads)
     spec = sweep_spec(args)
@@ -256,6 +267,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         threads=args.threads,
         reuse=args.reuse,
         keep_models=args.keep_models,
+        pack=args.pack,
     )
     reused = f"{result.count('reused')} reused, " if args.reuse else ""
     print(

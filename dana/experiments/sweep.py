@@ -18,6 +18,12 @@ sets, or the sweep's own ``--threads``). Its output goes to ``OUT/logs/NAME.log`
 - ``reuse``: a cell that never started, of the same settings as a finished run of
   another sweep, gets a copy of that run instead of running
   (:mod:`dana.experiments.reuse`).
+- ``pack`` (``--pack N``): up to ``N`` pending cells that can pack (simulator runs of
+  one model, dataset, data settings, batch size, dtype and device:
+  :func:`dana.sim.pack.pack_key`) run in one process (:mod:`dana.experiments.packed`),
+  their gradients computed together; each writes its own run directory as if run
+  alone (float rounding apart). Other cells run alone, and ``sweep.log`` says so. The
+  pack's output goes to its first cell's log. ``1`` (the default): every cell alone.
 - SIGINT/SIGTERM are passed on to the running cells as SIGTERM: each writes a checkpoint
   of that moment and exits 75 (:mod:`dana.train.records.preempt`); the sweep then raises
   :class:`~dana.errors.Preempted` (``dana sweep`` exits 75: rerun the same command to
@@ -85,7 +91,7 @@ class SweepResult:
 
 @dataclass
 class _Job:
-    cell: Cell
+    cells: list[Cell]  # (one, or the runs of a pack)
     process: subprocess.Popen
     output: IO[bytes]
     started: float
@@ -168,6 +174,7 @@ def run_sweep(
     threads: int | None = None,
     reuse: list[str | Path] | tuple[str | Path, ...] = (),
     keep_models: bool = True,
+    pack: int = 1,
 ) -> SweepResult:
     """Run every cell of ``spec`` into the results directory ``out`` (see the module doc).
 
@@ -193,6 +200,7 @@ def run_sweep(
             threads,
             reusable,
             keep_models,
+            pack,
         ).run()
     finally:
         sweep.release()
@@ -214,8 +222,10 @@ class _Runner:
         threads: int | None = None,
         reusable: ReusableRuns | None = None,
         keep_models: bool = True,
+        pack: int = 1,
     ):
         self.spec, self.sweep, self.cells, self.result = spec, sweep, cells, result
+        self.pack = max(1, pack)
         self.keep_checkpoints, self.keep_models = keep_checkpoints, keep_models
         self.reusable = reusable
         self.jobs = max(1, jobs)
@@ -232,6 +242,7 @@ class _Runner:
         self.sweep.log(
             f"sweep of {len(self.cells)} runs, {self.jobs} at a time, "
             f"{self.threads} torch thread(s) each"
+            + (f", up to {self.pack} runs packed in one" if self.pack > 1 else "")
         )
         pending: list[Cell] = []
         self._more_seeds()
@@ -247,7 +258,7 @@ class _Runner:
         try:
             while pending or self.running:
                 while pending and len(self.running) < self.jobs:
-                    self._start(pending.pop(0))
+                    self._start(self._take(pending))
                 if self._reap():
                     pending += self._more_seeds()
                 self._show()
@@ -273,25 +284,60 @@ class _Runner:
             f"{self.result.count('reused')} reused, {len(self.result.failed)} failed"
         )
 
-    def _start(self, cell: Cell) -> None:
+    def _take(self, pending: list[Cell]) -> list[Cell]:
+        """The next cells to start in one process: the first pending one, and with
+        ``--pack N`` up to ``N - 1`` more that pack with it (the same
+        :func:`~dana.sim.pack.pack_key`); a cell that cannot pack is logged."""
+        cell = pending.pop(0)
+        if self.pack == 1:
+            return [cell]
+        from dana.sim.pack import pack_key  # (torch: only a packing sweep needs it here)
+
+        key = pack_key(cell.config().to_dict())
+        if key is None:
+            self.sweep.log(f"alone {cell.name}: only simulator runs pack")
+            return [cell]
+        same = [c for c in pending if pack_key(c.config().to_dict()) == key][: self.pack - 1]
+        for c in same:
+            pending.remove(c)
+        return [cell, *same]
+
+    def _launch(self, cell: Cell) -> tuple[list[str], str] | None:
+        """How ``cell`` starts (its run's arguments and the word for the log), having
+        written its config; ``None`` when it does not run (reused, or refused)."""
         state = self.sweep.state(cell)
         run = self.sweep.run_dir(cell)
         if state == NEW and self._reuse(cell, run):
-            return
+            return None
         if state == RESUMABLE:
-            args = ["train", "--resume", str(run.path), "--quiet"]
-            mode = "resume from checkpoint"
+            return ["--resume", str(run.path)], "resume from checkpoint"
+        if state == RESTART:
+            left = run.remove_own()  # an interrupted run without a checkpoint
+            if left:
+                self._refuse(cell, left)
+                return None
+        cell_file = self.sweep.cell_file(cell)
+        write_text_atomic(cell_file, _json(cell.config().to_dict()))
+        return ["--config", str(cell_file), "--out", str(run.path)], (
+            "restart" if state == RESTART else "start"
+        )
+
+    def _start(self, cells: list[Cell]) -> None:
+        """Start ``cells`` in one process: one ``dana train``, or a pack of several
+        (``python -m dana.experiments.packed``)."""
+        launches = [(c, how) for c in cells if (how := self._launch(c)) is not None]
+        if not launches:
+            return
+        cell = launches[0][0]
+        threads = ["--threads", str(self.threads)]
+        if len(launches) == 1:
+            args = ["dana.cli", "train", *launches[0][1][0], "--quiet", *threads]
         else:
-            if state == RESTART:
-                left = run.remove_own()  # an interrupted run without a checkpoint
-                if left:
-                    self._refuse(cell, left)
-                    return
-            cell_file = self.sweep.cell_file(cell)
-            write_text_atomic(cell_file, _json(cell.config().to_dict()))
-            args = ["train", "--config", str(cell_file), "--out", str(run.path), "--quiet"]
-            mode = "restart" if state == RESTART else "start"
-        args += ["--threads", str(self.threads)]
+            args = [
+                "dana.experiments.packed",
+                *threads,
+                *(a for _, (run, _) in launches for a in run),
+            ]
         self.sweep.logs.mkdir(parents=True, exist_ok=True)
         output = self.sweep.output_file(cell.name).open("ab")
         env = {
@@ -300,16 +346,22 @@ class _Runner:
             "MKL_NUM_THREADS": str(self.threads),
         }
         process = subprocess.Popen(
-            [sys.executable, "-m", "dana.cli", *args],
+            [sys.executable, "-m", *args],
             stdout=output,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
             preexec_fn=partial(_die_with_parent, os.getpid()) if LINUX else None,
         )
-        self.running[cell.name] = _Job(cell, process, output, time.monotonic())
-        self.result.status[cell.name] = "running"
-        self.sweep.log(f"{mode} {cell.name} (pid {process.pid})")
+        self.running[cell.name] = _Job([c for c, _ in launches], process, output, time.monotonic())
+        names = ", ".join(c.name for c, _ in launches)
+        packed = f", a pack of {names}" if len(launches) > 1 else ""
+        for c, (_, mode) in launches:
+            self.result.status[c.name] = "running"
+            self.sweep.log(f"{mode} {c.name} (pid {process.pid}{packed})")
+            if c is not cell:
+                with self.sweep.output_file(c.name).open("a") as f:
+                    f.write(f"packed with {cell.name}: see {self.sweep.output_file(cell.name)}\n")
         self._record()
 
     def _reuse(self, cell: Cell, run: RunDir) -> bool:
@@ -364,24 +416,36 @@ class _Runner:
             job.output.close()
             del self.running[name]
             seconds = time.monotonic() - job.started
-            outcome = OUTCOMES.get(rc, f"exit {rc}")
-            if rc in (0, 3) and not self.sweep.run_dir(job.cell).finished():
-                outcome = "error"  # a success without a summary is no success
-            self.result.status[name] = outcome if outcome in ("finished", "diverged") else "failed"
-            if outcome in ("finished", "diverged") and not self.keep_checkpoints:
-                self.sweep.run_dir(job.cell).checkpoint.unlink(missing_ok=True)
-            if outcome in ("finished", "diverged") and not self.keep_models:
-                (self.sweep.run_dir(job.cell).path / MODEL_FILE).unlink(missing_ok=True)
-            message = f"{outcome} {name} (exit {rc}, {seconds:.1f} s)"
-            if self.result.status[name] == "failed":
-                message += (
-                    f"; see {self.sweep.output_file(job.cell.name)}: {_tail(job.output.name)}"
-                )
-            self.sweep.log(message)
-            if self.bar is not None:
-                self.bar.write(f"dana sweep: {message}", file=sys.stderr)
-            self._record()
+            for cell in job.cells:
+                self._ended(cell, rc, seconds, job)
         return ended
+
+    def _ended(self, cell: Cell, rc: int, seconds: float, job: _Job) -> None:
+        """Record how ``cell`` ended (its process exited ``rc``): alone, by ``rc``; in a
+        pack, by its run directory (a summary: finished or diverged)."""
+        run = self.sweep.run_dir(cell)
+        outcome = OUTCOMES.get(rc, f"exit {rc}")
+        if len(job.cells) > 1 and run.finished():
+            outcome = "diverged" if run.read_summary().get("diverged") else "finished"
+        elif len(job.cells) > 1 and rc in (0, 3):
+            outcome = "error"  # (the pack's output says why)
+        if rc in (0, 3) and not run.finished():
+            outcome = "error"  # a success without a summary is no success
+        name = cell.name
+        self.result.status[name] = outcome if outcome in ("finished", "diverged") else "failed"
+        if outcome in ("finished", "diverged") and not self.keep_checkpoints:
+            run.checkpoint.unlink(missing_ok=True)
+        if outcome in ("finished", "diverged") and not self.keep_models:
+            (run.path / MODEL_FILE).unlink(missing_ok=True)
+        message = f"{outcome} {name} (exit {rc}, {seconds:.1f} s)"
+        if self.result.status[name] == "failed":
+            message += (
+                f"; see {self.sweep.output_file(job.cells[0].name)}: {_tail(job.output.name)}"
+            )
+        self.sweep.log(message)
+        if self.bar is not None:
+            self.bar.write(f"dana sweep: {message}", file=sys.stderr)
+        self._record()
 
     def _stop_all(self) -> int:
         """SIGTERM every running cell (each checkpoints and exits 75) and wait for them
@@ -389,16 +453,17 @@ class _Runner:
         for job in self.running.values():
             if job.process.poll() is None:
                 job.process.terminate()
-        stopped = len(self.running)
-        for name, job in self.running.items():
+        stopped = sum(len(job.cells) for job in self.running.values())
+        for job in self.running.values():
             try:
                 rc = job.process.wait(timeout=STOP_SECONDS)
             except subprocess.TimeoutExpired:
                 job.process.kill()
                 rc = job.process.wait()
             job.output.close()
-            self.result.status[name] = "interrupted"
-            self.sweep.log(f"{OUTCOMES.get(rc, f'exit {rc}')} {name} (exit {rc})")
+            for cell in job.cells:
+                self.result.status[cell.name] = "interrupted"
+                self.sweep.log(f"{OUTCOMES.get(rc, f'exit {rc}')} {cell.name} (exit {rc})")
         self.running.clear()
         self.sweep.log("sweep preempted; rerun the same command to continue")
         self._record()
@@ -428,7 +493,9 @@ class _Runner:
         done = sum(
             1 for s in self.result.status.values() if s not in ("pending", "running", "interrupted")
         )
-        partial = sum(_fraction_done(self.sweep, job.cell) for job in self.running.values())
+        partial = sum(
+            _fraction_done(self.sweep, cell) for job in self.running.values() for cell in job.cells
+        )
         self.bar.n = round(done + partial, 2)
         self.bar.set_postfix(
             running=len(self.running), failed=len(self.result.failed), refresh=False

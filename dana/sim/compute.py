@@ -31,6 +31,14 @@ a generator seeded by each batch's key, :class:`dana.train.task.batches.KeyedBat
 The batched engine's pending gradients are part of the simulation's state
 (:meth:`Engine.state_dict`), so that a resumed run continues exactly; the threaded
 engine's are computed again after a resume, bit for bit the same.
+
+- :class:`Pack` (``dana sweep --pack N``): the batched engine across runs. Each run's
+  simulator holds a :class:`PackedEngine` of the pack, keyed by (run, worker): its own
+  pending gradients, state and BatchNorm statistics. When a run's due worker has no
+  gradient, one vectorised call computes it with that run's next ``B - 1`` workers due
+  and each other run's next ``B`` workers due (``Schedule.due(-1, B)``, between its
+  steps) that have none. A packed run equals the run alone as the batched engine
+  equals the sequential simulator (float rounding).
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ import itertools
 import queue
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -53,10 +61,20 @@ from dana.train.task.stacked import (
     StackedGradient,
     apply_running,
     replay_running,
+    running_buffers,
 )
 
 #: ``inflight(i)``: the other workers in flight, in the order their pushes are due.
 InFlight = Callable[[int], Iterable[int]]
+
+
+class RunView(NamedTuple):
+    """What a pack reads of one run between its steps: a worker's pulled parameters and
+    batch, and ``due(size)``: up to ``size`` workers whose gradients come next."""
+
+    pulled: Callable[[int], Tensor]
+    batch: Callable[[int], Any]
+    due: Callable[[int], list[int]]
 
 
 class Engine:
@@ -126,6 +144,9 @@ class Engine:
         computation is lost, and its BatchNorm statistics are never folded in, as the
         sequential simulator, which never computed it, never folds them)."""
         self.pending.pop(i, None)
+
+    def close(self) -> None:
+        """The run is over: release what the engine holds (threads, a pack's place)."""
 
     def _fold(self, running: Running) -> None:
         """Fold one worker's BatchNorm running statistics into the shared model."""
@@ -252,22 +273,131 @@ class ThreadedEngine(Engine):
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+class Pack:
+    """Runs of one model shape advanced together (the module docstring): the gradients
+    they need next, in one vectorised call across runs. The first run's model computes
+    every run's gradients (:class:`StackedGradient` replaces its parameters and buffers
+    by each run's), so a run joins only when its model, fixed buffers and loss are the
+    same; its batches come from its own ``inputs`` (its own data order and seed)."""
+
+    def __init__(self) -> None:
+        self.members: list[PackedEngine] = []
+        self.stacked: StackedGradient | None = None
+        self.calls = 0  # vectorised calls made
+
+    def join(self, step: WorkerStep, source: GradientSource, size: int, view: RunView):
+        """A run's engine in the pack (``size``: its own look-ahead, ``B``); ValueError
+        when its model or loss is not the pack's."""
+        engine = PackedEngine(self, step, source, size, view)
+        if self.stacked is None:
+            self.stacked = StackedGradient(source)
+        else:
+            _check_same(self.stacked, source)
+        self.members.append(engine)
+        return engine
+
+    def compute(
+        self, engine: PackedEngine, workers: list[int], points: list[Tensor], batches: list[Any]
+    ) -> None:
+        """Compute the gradients of ``engine``'s ``workers`` (at ``points``, on
+        ``batches``) and those of the other runs' next workers due without one, into
+        each run's ``pending``, in one call."""
+        assert self.stacked is not None
+        jobs = [(engine, workers, points, batches)]
+        for other in self.members:
+            if other is engine:
+                continue
+            ahead = [j for j in other.view.due(other.size) if j not in other.pending]
+            if ahead:
+                rule, view = other.step.rule, other.view
+                points = [rule.compute_at(j, view.pulled(j)) for j in ahead]
+                jobs.append((other, ahead, points, [view.batch(j) for j in ahead]))
+                other.computed += len(ahead)
+        inputs = [e.source.inputs(b) for e, _, _, bs in jobs for b in bs]
+        x = I.stack([xy[0] for xy in inputs])
+        y = torch.stack([xy[1] for xy in inputs])
+        grads, losses, running = self.stacked(
+            torch.stack([p for _, _, ps, _ in jobs for p in ps]), x, y
+        )
+        n = 0
+        for e, js, _, _ in jobs:
+            for j in js:
+                e.pending[j] = (grads[n], float(losses[n]), {k: v[n] for k, v in running.items()})
+                n += 1
+        self.calls += 1
+
+    def leave(self, engine: PackedEngine) -> None:
+        """A run's engine leaves the pack (its run is over)."""
+        if engine in self.members:
+            self.members.remove(engine)
+
+
+class PackedEngine(Engine):
+    """One run's engine in a :class:`Pack`: its pending gradients (its checkpoint's, as
+    the batched engine's), folded into its own model; computed by the pack."""
+
+    def __init__(
+        self, pack: Pack, step: WorkerStep, source: GradientSource, size: int, view: RunView
+    ):
+        super().__init__(step, source, size)
+        self.pack, self.view = pack, view
+        self._keep = running_buffers(source.flat.module)  # (ValueError without a momentum)
+
+    def _fold(self, running):
+        apply_running(self.source.flat.module, self._keep, running)
+
+    def _start(self, workers, points, batches):
+        self.pack.compute(self, workers, points, batches)
+
+    def close(self) -> None:
+        self.pack.leave(self)
+
+
+def _check_same(stacked: StackedGradient, source: GradientSource) -> None:
+    """ValueError unless ``source``'s model and loss are those ``stacked`` computes with:
+    the same modules, parameter shapes and dtype, and buffers besides the running
+    statistics equal."""
+    mine, theirs = stacked.module, source.flat.module
+    fixed = [n for n, _ in mine.named_buffers() if n not in stacked.keep]
+    a, b = dict(mine.named_buffers()), dict(theirs.named_buffers())
+    same = (
+        repr(mine) == repr(theirs)
+        and stacked.loss_fn is source.loss_fn
+        and [(p.shape, p.dtype) for p in mine.parameters()]
+        == [(p.shape, p.dtype) for p in theirs.parameters()]
+        and a.keys() == b.keys()
+        and all(torch.equal(a[n], b[n]) for n in fixed)
+    )
+    if not same:
+        raise ValueError(
+            "runs packed together need the same model (modules, parameter shapes, dtype, "
+            "buffers) and loss; run this one alone"
+        )
+
+
 def build_engine(
-    step: WorkerStep, source: GradientSource | None, batch_workers: int = 1, threads: int = 1
+    step: WorkerStep,
+    source: GradientSource | None,
+    batch_workers: int = 1,
+    threads: int = 1,
+    pack: tuple[Pack, RunView] | None = None,
 ) -> Engine | None:
     """The engine for ``batch_workers`` and ``threads`` (``None``: one worker at a time,
-    the sequential simulator). ``batch_workers > 1`` takes the batched engine (torch's
-    own intra-op threads then serve the one call), else ``threads > 1`` the threaded
-    one."""
+    the sequential simulator). ``pack``: the run's engine in that pack, looking ahead
+    ``batch_workers`` workers; else ``batch_workers > 1`` takes the batched engine
+    (torch's own intra-op threads then serve the one call), else ``threads > 1`` the
+    threaded one."""
     if batch_workers < 1 or threads < 1:
         raise ValueError(f"batch_workers and threads must be >= 1, got {batch_workers}, {threads}")
-    if batch_workers == 1 and threads == 1:
+    if batch_workers == 1 and threads == 1 and pack is None:
         return None
     if source is None:
         raise ValueError(
             "batched or threaded gradients need the model, loss and data "
             "(source=dana.train.task.stacked.GradientSource(...))"
         )
+    if pack is not None:
+        return pack[0].join(step, source, batch_workers, pack[1])
     if batch_workers > 1:
         return BatchedEngine(step, source, batch_workers)
     return ThreadedEngine(step, source, threads)

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Generator
 from typing import Any
 
 import torch
 
 from dana.algorithms.base import Algorithm
 from dana.errors import ConfigError
-from dana.sim.compute import auto_batch_workers
+from dana.sim.compute import Pack, auto_batch_workers
 from dana.sim.simulator import Simulator
 from dana.train.config import TrainConfig
 from dana.train.records import preempt
@@ -35,7 +36,7 @@ from dana.train.rules.codecs import push_bytes
 from dana.train.task.batches import BatchStream
 from dana.train.task.problem import TrainingProblem
 from dana.train.task.stacked import running_buffers
-from dana.train.training import build_schedule, stop_points
+from dana.train.training import build_schedule, run_to_end, stop_points
 
 
 def engine_settings(
@@ -72,16 +73,20 @@ def build_simulator(
     problem: TrainingProblem,
     algorithm: Algorithm | None = None,
     threads: int = 1,
+    pack: Pack | None = None,
 ) -> Simulator:
     """The :class:`~dana.sim.simulator.Simulator` of a run: ``config``'s algorithm (or
     ``algorithm``, built from it), workers, schedule, timing, bound, cluster and codec
     on ``problem``'s parameters, gradient and batches, with the engine
-    :func:`engine_settings` picks. ``dana train``, ``dana.fit`` and ``dana.simulate``
+    :func:`engine_settings` picks (``pack``: the pack's, looking ahead as many workers
+    as the batched engine would). ``dana train``, ``dana.fit`` and ``dana.simulate``
     build it here."""
     if algorithm is None:
         algorithm = config.build_algorithm()
     batches = problem.batches(config.seed)
     batch_workers, threads = engine_settings(config, problem, threads, batches)
+    if pack is not None:
+        threads = 1  # (the pack's engine: one vectorised call)
     if config.cluster is not None and config.servers > problem.flat.d:
         raise ConfigError(
             f"--servers {config.servers}: the model has {problem.flat.d} parameters; "
@@ -101,11 +106,12 @@ def build_simulator(
         max_staleness=config.max_staleness,
         batch_workers=batch_workers,
         threads=threads,
-        source=problem.source() if batch_workers > 1 or threads > 1 else None,
+        source=problem.source() if batch_workers > 1 or threads > 1 or pack else None,
         cluster=config.cluster,
         servers=config.servers,
         labels=class_labels(problem.dataset.train_y),
         compress=config.compress,
+        pack=pack,
     )
 
 
@@ -120,9 +126,15 @@ class SimRun:
         algorithm: Algorithm | None = None,
         *,
         threads: int = 1,
+        pack: Pack | None = None,
     ):
-        self.config, self.run, self.problem = config, run, problem
-        self.sim = build_simulator(config, problem, algorithm, threads)
+        self.config, self.run, self.problem, self.pack = config, run, problem, pack
+        try:
+            self.sim = build_simulator(config, problem, algorithm, threads, pack)
+        except ValueError as e:  # (a model other than the pack's, BatchNorm without momentum)
+            if pack is None:
+                raise
+            raise ConfigError(f"--pack: {e}") from None
         self.batches = self.sim.batches
         self.rows: list[dict[str, float]] = []
         self.logged = 0  # pushes already summarised in a metrics row
@@ -178,6 +190,20 @@ class SimRun:
         return False
 
     def execute(self, progress: Progress) -> dict[str, Any]:
+        """Run to the end (:meth:`execute_steps`); the summary."""
+        return run_to_end(self.execute_steps(progress))
+
+    def execute_steps(self, progress: Progress) -> Generator[None, None, dict[str, Any]]:
+        """:meth:`execute` step by step: yields after each step of the simulator (runs
+        packed into one process are advanced in turn, :mod:`dana.sim.pack`); returns
+        the summary. A packed run leaves its pack when it ends."""
+        try:
+            return (yield from self._steps(progress))
+        finally:
+            if self.pack is not None and self.sim.engine is not None:
+                self.sim.engine.close()
+
+    def _steps(self, progress: Progress) -> Generator[None, None, dict[str, Any]]:
         points, evals, checkpoints = stop_points(self.config, self.batches.batches_per_epoch)
         start = time.perf_counter()
 
@@ -189,7 +215,12 @@ class SimRun:
         for point in points:
             if point < self.sim.steps or (point == self.sim.steps and self.sim.epoch in done):
                 continue
-            self.sim.run(pushes=point, callback=self._tick(progress))
+            tick = self._tick(progress)
+            while self.sim.steps < point:  # (Simulator.run, a step at a time)
+                self.sim.step()
+                if tick(self.sim):
+                    break
+                yield
             if self.diverged_at is not None:
                 break
             if preempt.requested() and self.sim.steps < point:

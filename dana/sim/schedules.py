@@ -13,8 +13,9 @@
   Waiting takes simulated time: a worker resumes at the time of the push that frees it.
 - :class:`dana.sim.clock.Clock`: a cluster's network, drift and departures.
 
-A new driver (say, several runs advanced together) is one more class with these
-methods.
+A new driver is one more class with these methods. Runs packed into one process
+(``dana sweep --pack``) each keep their own schedule; the pack reads each one's
+:meth:`Schedule.due` (:class:`dana.sim.compute.Pack`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ class Schedule(Protocol):
 
     def due(self, i: int, size: int) -> list[int]:
         """Up to ``size`` workers whose gradients come next after worker ``i``'s (the
-        engines' look-ahead: :mod:`dana.sim.compute`)."""
+        engines' look-ahead: :mod:`dana.sim.compute`); ``i = -1``, between steps: the
+        next workers due (a pack's look-ahead into the other runs). Each listed worker's
+        parameters and batch must stay as they are until its gradient is taken."""
 
     def state_dict(self) -> dict[str, Any]: ...
 

@@ -36,7 +36,7 @@ from torch import Tensor
 from dana.algorithms.base import Algorithm, check_workers, move_tensors, per_worker_zeros
 from dana.sim.bound import Bound
 from dana.sim.clock import Clock
-from dana.sim.compute import build_engine
+from dana.sim.compute import Pack, RunView, build_engine
 from dana.sim.events import Work
 from dana.sim.schedules import Schedule, choose
 from dana.train.cluster.classmeter import ClassMeter
@@ -78,6 +78,8 @@ class Simulator:
         labels: the training labels: count the classes behind the applied pushes.
         always_clock: run a trivial cluster's clock (it equals no cluster, bit for bit).
         compress: the codec of the pushes (:func:`dana.train.rules.codecs.build_codec`).
+        pack: the runs this one is advanced with (:class:`dana.sim.compute.Pack`): its
+            gradients are computed with theirs, ``batch_workers`` ahead of its own.
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class Simulator:
         labels: Any = None,
         always_clock: bool = False,
         compress: str = "none",
+        pack: Pack | None = None,
     ):
         self.algorithm = algorithm
         self.k = k = check_workers(workers)
@@ -132,7 +135,13 @@ class Simulator:
             move_tensors(self.master, params.device)
             move_tensors(self.worker_rule, params.device)
         self.worker_step = WorkerStep(self.worker_rule, gradient, weight_decay, self.wire)
-        self.engine = build_engine(self.worker_step, source, batch_workers, threads)
+        member = None
+        if pack is not None:  # (between its steps: its next workers due, schedule.due(-1))
+            view = RunView(
+                lambda j: self.sent[j], lambda j: self.batch[j], lambda n: self.schedule.due(-1, n)
+            )
+            member = (pack, view)
+        self.engine = build_engine(self.worker_step, source, batch_workers, threads, member)
         self.sent = per_worker_zeros(k, d, params.dtype, params.device)  # each one's pull
         self._diff = params.new_empty(d)
         self.pulled_at = [0] * k  # master updates at each worker's last pull

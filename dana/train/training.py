@@ -15,9 +15,10 @@ A NaN or infinite loss is a result, not a crash: the run stops, ``summary.json``
 from __future__ import annotations
 
 import json
+from collections.abc import Generator
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dana.errors import DanaError, Preempted
 from dana.train.backends import check_backend, runner_class
@@ -29,6 +30,8 @@ from dana.train.records.tracking import TrackedRun, open_trackers, require_track
 from dana.train.rules.members import check_growth_reached
 from dana.train.rules.schedule import LRSchedule
 from dana.train.task.problem import Problem, TrainingProblem
+
+T = TypeVar("T")
 
 
 def build_schedule(config: TrainConfig, batches_per_epoch: int) -> LRSchedule:
@@ -66,6 +69,16 @@ def stop_points(
     return sorted(evals | checkpoints), evals, checkpoints
 
 
+def run_to_end(steps: Generator[None, None, T]) -> T:
+    """Drive a step-by-step generator (:func:`training`, a runner's ``execute_steps``) to its
+    end; what it returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
 def train(
     config: TrainConfig,
     out: str | Path,
@@ -82,6 +95,26 @@ def train(
     resumed run removes the temporary files a kill inside a write left, and refuses a
     checkpoint that does not fit its config.json. ``threads``: the CPU threads the run
     uses (``--threads``; the simulator computes that many workers' gradients at once)."""
+    steps = training(
+        config, out, resume=resume, progress=progress, version=version, threads=threads
+    )
+    return run_to_end(steps)
+
+
+def training(
+    config: TrainConfig,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    version: str = "",
+    threads: int = 1,
+    **options: Any,
+) -> Generator[None, None, dict[str, Any]]:
+    """:func:`train` step by step: yields once when the run is ready (built, its
+    checkpoint loaded), then after each step of a runner that has ``execute_steps`` (the
+    simulator's: runs packed into one process are advanced in turn); returns the
+    summary. ``options`` go to the runner (``pack``: the simulator's)."""
     check_local(out, "--resume" if resume else "--out")
     run = RunDir(out)
     if resume:
@@ -102,7 +135,7 @@ def train(
         run.remove_temporaries()
         state = run.load_checkpoint()
     with run.removed_on_failure() if not resume else nullcontext():
-        runner = runner_cls(config, run, problem, algorithm, threads=threads)
+        runner = runner_cls(config, run, problem, algorithm, threads=threads, **options)
         if state is not None:
             _check_settings(run, state.pop(SETTINGS_KEY, None), config)
             try:
@@ -115,7 +148,8 @@ def train(
         if config.tensorboard:
             run.open_tensorboard()
         title = f"{config.algorithm}, k={config.workers}, {config.model} on {config.dataset}"
-        summary = execute_run(runner, config, run, title, progress, problem)
+        yield
+        summary = yield from run_steps(runner, config, run, title, progress, problem)
     return summary
 
 
@@ -163,11 +197,30 @@ def execute_run(
     failure (an interruption too) marks them failed and propagates; SIGTERM or SIGINT
     make the runner checkpoint and raise :class:`~dana.errors.Preempted`
     (:mod:`dana.train.records.preempt`). The summary."""
+    return run_to_end(run_steps(runner, config, run, title, progress, problem, tracking))
+
+
+def run_steps(
+    runner: Any,
+    config: TrainConfig,
+    run: RunDir,
+    title: str,
+    progress: bool,
+    problem: TrainingProblem | None = None,
+    tracking: dict[str, Any] | None = None,
+) -> Generator[None, None, dict[str, Any]]:
+    """:func:`execute_run` step by step: yields after each step of a runner that has
+    ``execute_steps`` (else runs ``execute`` at once); returns the summary."""
     trackers = open_trackers(TrackedRun(run.path, config.to_dict(), **(tracking or {})))
     run.sinks.extend(trackers)
     try:
         with preempt.watching():  # SIGTERM/SIGINT: a checkpoint, then Preempted
-            summary = runner.execute(Progress(enabled=progress, desc=title))
+            reporter = Progress(enabled=progress, desc=title)
+            steps = getattr(runner, "execute_steps", None)
+            if steps is not None:
+                summary = yield from steps(reporter)
+            else:
+                summary = runner.execute(reporter)
         if problem is not None:
             problem.save_model(run.path, runner.final_params())
             if references := problem.references():
