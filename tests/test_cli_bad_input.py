@@ -395,7 +395,7 @@ def test_failed_start_leaves_nothing(tmp_path, monkeypatch, capsys):
     def unreachable(self, progress):
         raise DanaError("cannot reach the Ray cluster at --address 10.0.0.1:6379")
 
-    monkeypatch.setattr(SimRun, "execute", unreachable)
+    monkeypatch.setattr(SimRun, "execute_steps", unreachable)
     out = tmp_path / "run"
     assert main(["train", *SMALL, "--out", str(out)]) == 2
     assert "cannot reach" in capsys.readouterr().err

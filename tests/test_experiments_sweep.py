@@ -472,7 +472,7 @@ def test_a_run_whose_sweep_died_before_it_was_tied_to_it_stops_at_once():
         [sys.executable, "-c", "import time; time.sleep(30)"],
         preexec_fn=partial(_die_with_parent, not_the_parent),
     )
-    assert child.wait(timeout=30) == -signal.SIGTERM
+    assert child.wait(timeout=30) == 128 + signal.SIGTERM
     child = subprocess.Popen(
         [sys.executable, "-c", "pass"], preexec_fn=partial(_die_with_parent, os.getpid())
     )
