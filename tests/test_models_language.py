@@ -239,6 +239,8 @@ def test_text_quick_through_dana_sweep_and_dana_report(corpus, tmp_path):
     result = run_dana("report", out)
     assert result.returncode == 0, result.stderr
     assert "Final test loss (perplexity)" in result.stdout
+    assert "No verdict: these are language models" in result.stdout
+    assert "The claim at No verdict" not in result.stdout  # (one sentence, said once)
     report = (out / "report.md").read_text()
     assert "perplexity" in report and "## Final test loss (perplexity)" in report
     # no nan verdict or cell (the divergence rule speaks of a "NaN or infinite" loss)

@@ -346,8 +346,8 @@ def _print_report(path: str, out: str | None, target: float | None, baseline: st
     report = build_report(path, out, target=target, baseline=baseline, target_in_percent=True)
     print(f"Final {report.metric.title}, mean ± std over seeds:")
     print(report.error_table)
-    for verdict in report.verdicts:
-        print(f"The claim at {verdict}")
+    for verdict in report.verdicts:  # (a loss: the one sentence why there is none)
+        print(f"The claim at {verdict}" if report.metric.is_error else verdict)
     if report.targets:
         shown = [
             report.metric.show(t.value)

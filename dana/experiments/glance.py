@@ -278,8 +278,8 @@ def glance_sentences(results: Results) -> list[str]:
 def no_verdict(metric: Metric) -> str:
     """Why a report on the test loss judges no claim."""
     what = "language models" if metric.perplexity else "runs without an error rate"
+    scale = " (a difference of 0.01 is a perplexity 1% higher)" if metric.perplexity else ""
     return (
-        f"No verdict: these are {what}, compared on the {metric.name} (a difference of "
-        f"0.01 is a perplexity 1% higher); the claim's line ({LINE_PP:g} pp above the "
-        "baseline) is in points of test error."
+        f"No verdict: these are {what}, compared on the {metric.name}{scale}; the claim's "
+        f"line ({LINE_PP:g} pp above the baseline) is in points of test error."
     )
