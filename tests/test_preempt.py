@@ -78,3 +78,35 @@ def test_sigterm_on_a_sweep_checkpoints_its_runs_and_exits_75(tmp_path):
         log = next(out.glob(f"logs/{run.name}*")).read_text()
         assert "preempted by SIGTERM: checkpoint written at step" in log, log
     assert "preempted" in (out / "sweep.log").read_text()
+
+
+def test_sigterm_once_the_run_is_over_still_writes_every_file(tmp_path, monkeypatch):
+    # the signal lands while the curves are drawn (the run's last seconds): the run is
+    # done, its files all written, summary.json last; nothing is left to resume
+    import os
+
+    from dana.train.config import TrainConfig
+    from dana.train.records.rundir import RunDir
+    from dana.train.training import train
+
+    draw = RunDir.write_plot
+
+    def signalled(self, *args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return draw(self, *args)
+
+    def outside(signum, frame):
+        raise RuntimeError("SIGTERM reached the process outside the run's watch")
+
+    monkeypatch.setattr(RunDir, "write_plot", signalled)
+    config = TrainConfig(dataset="synthetic", model="linear", train_size=256, test_size=64,
+                         batch_size=32, epochs=1.0, workers=2)  # fmt: skip
+    before = signal.signal(signal.SIGTERM, outside)
+    try:
+        summary = train(config, tmp_path / "run", progress=False)
+        assert signal.getsignal(signal.SIGTERM) is outside  # (restored after the run)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert not summary["diverged"]
+    for name in ("summary.json", "curves.png", "model.safetensors", "metrics.csv"):
+        assert (tmp_path / "run" / name).is_file(), name

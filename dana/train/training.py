@@ -214,20 +214,22 @@ def run_steps(
     trackers = open_trackers(TrackedRun(run.path, config.to_dict(), **(tracking or {})))
     run.sinks.extend(trackers)
     try:
-        with preempt.watching():  # SIGTERM/SIGINT: a checkpoint, then Preempted
+        # SIGTERM/SIGINT: a checkpoint, then Preempted; once the run is over, its files
+        # are written whatever comes (summary.json last: it marks the run finished)
+        with preempt.watching():
             reporter = Progress(enabled=progress, desc=title)
             steps = getattr(runner, "execute_steps", None)
             if steps is not None:
                 summary = yield from steps(reporter)
             else:
                 summary = runner.execute(reporter)
-        if problem is not None:
-            problem.save_model(run.path, runner.final_params())
-            if references := problem.references():
-                summary["reference_losses"] = references
-        run.write_summary(summary)
-        if runner.rows:
-            run.write_plot(runner.rows, title)
+            if problem is not None:
+                problem.save_model(run.path, runner.final_params())
+                if references := problem.references():
+                    summary["reference_losses"] = references
+            if runner.rows:
+                run.write_plot(runner.rows, title)
+            run.write_summary(summary)
     except BaseException as e:
         for tracker in trackers:
             tracker.fail(isinstance(e, KeyboardInterrupt | Preempted))
