@@ -276,3 +276,16 @@ def test_the_driver_adds_planned_and_requested_workers_within_k_max(tmp_path, ca
     )
     assert resumed.started == 3 and resumed.live == {0, 2}
     assert resumed.due(25) == 0 and resumed.due(30) == 1
+
+
+def test_an_elastic_averaging_rule_is_built_for_the_most_workers_a_run_may_hold():
+    # (it was built for the starting k, and the Ray run died after starting: "easgd was
+    # built for workers=2, not 3")
+    from dana.train.config import TrainConfig
+
+    for name in ("easgd", "eamsgd", "dana-easgd"):
+        config = TrainConfig(algorithm=name, workers=2, max_workers=3, backend="ray")
+        algorithm = config.validate().build_algorithm()
+        assert algorithm.workers == 3
+        algorithm.master(torch.zeros(4), 3)  # the size the servers build its rule for
+        assert TrainConfig(algorithm=name, workers=2).build_algorithm().workers == 2

@@ -31,7 +31,7 @@ from dana.train.cluster.model import check_cluster_option, timing_of
 from dana.train.cluster.partition import check_partition_option
 from dana.train.cluster.timing import TIMING_MODELS
 from dana.train.rules.codecs import build_codec
-from dana.train.rules.members import check_members
+from dana.train.rules.members import capacity, check_members
 
 LR_SCALINGS = ("none", "linear")
 #: The automatic warm-up gives each worker this many steps (the paper's protocol gives
@@ -160,14 +160,15 @@ class TrainConfig:
     def algorithm_hparams(self) -> dict[str, Any]:
         """The hyper-parameters passed to the algorithm: momentum if it takes one, then
         ``algorithm_params``, then ``workers`` if it takes it (the elastic-averaging
-        algorithms derive their coefficient from it)."""
+        algorithms derive their coefficient from it): the most workers the run may hold,
+        ``max_workers`` when it grows, whose size every rule is built for."""
         hparams: dict[str, Any] = {}
         names = algorithms.hparam_names(self.algorithm)
         if "momentum" in names:
             hparams["momentum"] = self.momentum
         hparams.update(self.algorithm_params)
         if "workers" in names:
-            hparams["workers"] = self.workers
+            hparams["workers"] = capacity(self)
         return hparams
 
     # -- validation ---------------------------------------------------------------------
@@ -275,15 +276,18 @@ class TrainConfig:
                 raise ConfigError(f"{given} {fixes[needs]}")
 
     def _check_rule_at(self, algorithm: Algorithm, flag: Flags) -> None:
-        """The master rule built for ``workers`` on one parameter: a hyper-parameter whose
-        valid range depends on k is refused here, before any run starts."""
+        """The master rule built for the run's size (``max_workers`` when it grows: the
+        servers build it so) on one parameter: a hyper-parameter whose valid range
+        depends on k is refused here, before any run starts."""
         import torch
 
+        k = capacity(self)
         try:
-            algorithm.master(torch.zeros(1), self.workers)
+            algorithm.master(torch.zeros(1), k)
         except (ValueError, TypeError) as e:
+            size = flag("max_workers") if k != self.workers else flag("workers")
             raise ConfigError(
-                f"{flag('algorithm')} {self.algorithm} with {flag('workers')} {self.workers}: {e}"
+                f"{flag('algorithm')} {self.algorithm} with {size} {k}: {e}"
             ) from None
 
     def build_algorithm(self) -> Algorithm:
