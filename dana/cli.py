@@ -104,11 +104,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{summary['diverged_at_update']} (loss became NaN or infinite). Results in {out}."
         )
         return EXIT_DIVERGED
-    if "final_test_perplexity" in summary:  # a language model
+    if "final_test_perplexity" in summary:  # a language model, beside its yardstick
+        bigram = summary.get("reference_losses", {}).get("bigram")
         result = (
             f"final test loss {summary['final_test_loss']:.4f} (perplexity "
             f"{summary['final_test_perplexity']:.3f}, next-token error "
-            f"{100 * summary['final_test_error']:.2f}%)"
+            f"{100 * summary['final_test_error']:.2f}%"
+            + ("" if bigram is None else f"; the byte bigram model: {bigram:.4f}")
+            + ")"
         )
     elif math.isfinite(summary["final_test_error"]):
         result = (
@@ -117,9 +120,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     else:
         result = f"final test loss {summary['final_test_loss']:.4g}"
+    wire = (
+        f", {summary['push_bytes']:,} bytes a push ({config.compress})"
+        if config.compress != "none" and "push_bytes" in summary
+        else ""
+    )
     print(
         f"{config.algorithm}, {config.workers} workers: {result}, mean gap "
-        f"{summary['mean_gap']:.3g}, mean staleness {summary['mean_staleness']:.1f}. "
+        f"{summary['mean_gap']:.3g}, mean staleness {summary['mean_staleness']:.1f}{wire}. "
         f"Results in {out}."
     )
     return EXIT_OK

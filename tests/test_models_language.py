@@ -188,6 +188,7 @@ def test_dana_train_a_language_model_end_to_end(corpus, tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "test_ppl" in result.stdout and "perplexity" in result.stdout.splitlines()[-1]
+    assert "the byte bigram model: " in result.stdout.splitlines()[-1]  # its yardstick
     rows = [line.split(",") for line in (out / "metrics.csv").read_text().splitlines()]
     assert rows[0][-1] == "test_perplexity" and len(rows) == 4  # epochs 0, 0.5, 1
     for row in rows[1:]:

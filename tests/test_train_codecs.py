@@ -288,3 +288,15 @@ def test_read_only_payloads_decode(spec):
     y = codec.decode(payload)
     assert torch.equal(y, codec.decode(codec.encode(x)))
     assert torch.equal(codec.decode(payload, torch.empty(777)), y)
+
+
+def test_the_closing_line_says_the_bytes_of_a_compressed_push(tmp_path):
+    from clirun import run_dana
+
+    args = ["train", "--dataset", "synthetic", "--model", "linear", "--train-size", "256",
+            "--test-size", "64", "--epochs", "0.5", "--quiet"]  # fmt: skip
+    squeezed = run_dana(*args, "--compress", "int8", "--out", str(tmp_path / "int8"))
+    summary = json.loads((tmp_path / "int8" / "summary.json").read_text())
+    assert f"{summary['push_bytes']:,} bytes a push (int8)" in squeezed.stdout.splitlines()[-1]
+    plain = run_dana(*args, "--out", str(tmp_path / "none"))
+    assert "bytes a push" not in plain.stdout
