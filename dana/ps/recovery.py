@@ -42,12 +42,14 @@ last checkpoint.
 
 from __future__ import annotations
 
+import errno
 import pickle
 import tempfile
 from collections import deque
 from collections.abc import Iterator
 from typing import IO, Any, NamedTuple
 
+from dana.errors import WriteError
 from dana.ps.protocol import Entry, Method, Pull, Push
 
 #: Seconds between two snapshots of a shard ``s >= 1`` (or the standby) for its recovery.
@@ -60,12 +62,99 @@ RELAY_LOG_BYTES = 2 * 1024**3
 CHUNK_BYTES = 256 * 1024**2
 
 
+#: The least and the most bytes of spilled calls per spill file (a segment): the memory
+#: bound, within these (:class:`SpillFiles`).
+SEGMENT_BYTES = (16 * 1024**2, CHUNK_BYTES)
+
+#: A spill write's errors that mean the disk (or the user's quota) is full.
+_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+class Segment:
+    """One spill file: an anonymous temporary file (deleted by the system once closed, or
+    when the process ends, however it ends), its size, and its calls still logged."""
+
+    def __init__(self) -> None:
+        self.file: IO[bytes] = tempfile.TemporaryFile(prefix="dana-relay-log-")
+        self.size = 0
+        self.live = 0
+
+
 class Spilled(NamedTuple):
-    """A logged call kept on disk: its number, and where its pickle lies in the spill file."""
+    """A logged call kept on disk: its number, and where its pickle lies."""
 
     number: int
+    segment: Segment
     offset: int
     length: int
+
+
+class SpillFiles:
+    """The calls a :class:`RelayLog` keeps on disk, written in order into segments of
+    about ``segment`` bytes (one call at least). A segment is closed, its disk space
+    freed, once every call in it is trimmed; the log is trimmed oldest first, so only
+    the oldest segment holds trimmed calls: the disk never holds more than the spilled
+    calls still logged plus one segment (and one call).
+
+    A full disk (``ENOSPC``, ``EDQUOT``) on a write raises
+    :class:`~dana.errors.WriteError` (exit status 2), naming the directory and the fix:
+    it reaches the driver through the worker whose call the head (or its standby) was
+    logging, and ends the run there. No checkpoint of that moment: the head has applied
+    a call it could not pass on, and stopping the servers would log one more.
+    """
+
+    def __init__(self, segment: int):
+        self.segment = segment
+        self.segments: deque[Segment] = deque()  # oldest first; the last one written to
+        self.calls = self.bytes = 0  # on disk now (bytes: trimmed calls not freed yet too)
+        self.total_calls = self.peak_bytes = 0  # ever spilled; the most on disk at once
+
+    def put(self, entry: Entry) -> Spilled:
+        """Write ``entry`` at the end of the newest segment (a new one once it is full)."""
+        data = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            if not self.segments or self.segments[-1].size >= self.segment:
+                self.segments.append(Segment())
+            seg = self.segments[-1]
+            seg.file.seek(seg.size)
+            seg.file.write(data)
+            seg.file.flush()  # (a full disk fails here, not at a later read)
+        except OSError as e:
+            if e.errno in _FULL:
+                raise WriteError(self._full_message()) from e
+            raise
+        item = Spilled(entry.number, seg, seg.size, len(data))
+        seg.size += len(data)
+        seg.live += 1
+        self.calls += 1
+        self.total_calls += 1
+        self.bytes += len(data)
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+        return item
+
+    def get(self, item: Spilled) -> Entry:
+        """The call ``item`` read back from disk."""
+        item.segment.file.seek(item.offset)
+        return pickle.loads(item.segment.file.read(item.length))
+
+    def drop(self, item: Spilled) -> None:
+        """``item`` is trimmed from the log: close the oldest segments left with no call."""
+        item.segment.live -= 1
+        self.calls -= 1
+        while self.segments and not self.segments[0].live:  # (at most every segment)
+            seg = self.segments.popleft()
+            seg.file.close()
+            self.bytes -= seg.size
+
+    def _full_message(self) -> str:
+        return (
+            f"no space left on the disk of {tempfile.gettempdir()} for shard 0's relay log "
+            f"({self.calls} calls, {self.bytes / 1024**2:,.0f} MiB spilled there now, past "
+            "its memory bound): the run cannot go on. Free space there, raise "
+            "--relay-log-bytes to keep more of the log in memory, or set TMPDIR to a "
+            "directory on a larger disk; then continue from the last checkpoint with "
+            "dana train --resume RUN"
+        )
 
 
 class RelayLog:
@@ -76,24 +165,23 @@ class RelayLog:
     the driver's latest snapshot of receiver ``s`` (0: the standby) covers.
 
     **Bound**: at most ``limit`` bytes of pushed slices are held in memory. A call that
-    would go past it is spilled: pickled to an anonymous temporary file (deleted by the
-    system when the process ends, however it ends) and read back when it is replayed
-    or sent to a new standby. Nothing is dropped, so a rebuild is as exact as before;
-    only its replay reads from disk. The file is emptied whenever no spilled call is
-    left (the log is trimmed oldest first). ``peak_bytes`` is the peak in memory,
-    ``peak_spilled_bytes`` on disk.
+    would go past it is spilled: pickled to anonymous temporary files in ``TMPDIR``
+    (:class:`SpillFiles`, in segments of ``segment`` bytes: by default the bound, within
+    :data:`SEGMENT_BYTES`) and read back when it is replayed or sent to a new standby.
+    Nothing is dropped, so a rebuild is as exact as before; only its replay reads from
+    disk. A segment's disk space is freed once every call in it is trimmed.
+    ``peak_bytes`` is the peak in memory, ``disk.peak_bytes`` on disk.
     """
 
-    def __init__(self, shards: int, limit: int = RELAY_LOG_BYTES):
+    def __init__(self, shards: int, limit: int = RELAY_LOG_BYTES, segment: int | None = None):
         self.count = 0  # calls logged so far: the number of the last one
         self.calls: deque[Entry | Spilled] = deque()
         self.kept = [0] * shards
         self.limit = limit
         self.bytes = 0  # of the arrays held in memory
         self.peak, self.peak_bytes = 0, 0  # the most held at once (for dist.json)
-        self.spill: IO[bytes] | None = None  # the spill file, once needed
-        self.spilled = self.spilled_bytes = 0  # calls and bytes on disk now
-        self.spilled_calls = self.peak_spilled_bytes = 0  # ever spilled; the most at once
+        least, most = SEGMENT_BYTES
+        self.disk = SpillFiles(min(max(limit, least), most) if segment is None else segment)
 
     def add(self, method: Method, args: list[Pull | Push | None]) -> Entry:
         """Log a new call (``args[s]``: receiver ``s``'s), numbered next."""
@@ -115,33 +203,17 @@ class RelayLog:
         self._keep(entry)
 
     def _keep(self, entry: Entry) -> None:
-        self.count = entry.number
         if self.bytes + entry.nbytes > self.limit:
-            self.calls.append(self._spill(entry))
+            self.calls.append(self.disk.put(entry))  # (a full disk raises: nothing logged)
         else:
             self.calls.append(entry)
             self.bytes += entry.nbytes
+        self.count = entry.number
         self.peak = max(self.peak, len(self.calls))
         self.peak_bytes = max(self.peak_bytes, self.bytes)
 
-    def _spill(self, entry: Entry) -> Spilled:
-        if self.spill is None:
-            self.spill = tempfile.TemporaryFile(prefix="dana-relay-log-")
-        data = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
-        offset = self.spilled_bytes
-        self.spill.seek(offset)
-        self.spill.write(data)
-        self.spilled += 1
-        self.spilled_calls += 1
-        self.spilled_bytes += len(data)
-        self.peak_spilled_bytes = max(self.peak_spilled_bytes, self.spilled_bytes)
-        return Spilled(entry.number, offset, len(data))
-
     def _load(self, item: Entry | Spilled) -> Entry:
-        if isinstance(item, Entry):
-            return item
-        self.spill.seek(item.offset)
-        return pickle.loads(self.spill.read(item.length))
+        return item if isinstance(item, Entry) else self.disk.get(item)
 
     def entries(self) -> Iterator[Entry]:
         """Every logged call, oldest first (a spilled one read back from disk)."""
@@ -169,12 +241,9 @@ class RelayLog:
         while self.calls and self.calls[0].number <= oldest:
             item = self.calls.popleft()
             if isinstance(item, Spilled):
-                self.spilled -= 1
+                self.disk.drop(item)  # (a segment with no call left: its space freed)
             else:
                 self.bytes -= item.nbytes
-        if self.spill is not None and not self.spilled and self.spilled_bytes:
-            self.spill.truncate(0)  # no spilled call left: the disk space back
-            self.spilled_bytes = 0
 
     def counters(self) -> dict[str, int]:
         """For ``dist.json``: the calls ever logged, the peak in memory (calls, bytes), the
@@ -184,8 +253,8 @@ class RelayLog:
             "log_peak_calls": self.peak,
             "log_peak_bytes": self.peak_bytes,
             "log_limit_bytes": self.limit,
-            "log_spilled_calls": self.spilled_calls,
-            "log_peak_spilled_bytes": self.peak_spilled_bytes,
+            "log_spilled_calls": self.disk.total_calls,
+            "log_peak_spilled_bytes": self.disk.peak_bytes,
         }
 
     def replay(self, actor: Any, shard: int, covered: int) -> int:
