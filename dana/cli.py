@@ -228,6 +228,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _own(error: Exception) -> Exception:
+    """The error as dana raised it: an error raised in a Ray actor reaches the driver as
+    Ray's subclass of it, whose text is the actor's traceback; its ``cause`` is ours."""
+    from dana.errors import DanaError, FaultError
+
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, DanaError | FaultError) else error
+
+
 def main(argv: list[str] | None = None) -> int:
     from dana.errors import DanaError, FaultError, Preempted
 
@@ -236,10 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except DanaError as e:
-        print(f"dana: error: {e}", file=sys.stderr)
+        print(f"dana: error: {_own(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except FaultError as e:
-        print(f"dana: fault: {e}", file=sys.stderr)
+        print(f"dana: fault: {_own(e)}", file=sys.stderr)
         return EXIT_FAULT
     except Preempted as e:
         print(f"dana: {e}", file=sys.stderr)

@@ -550,3 +550,21 @@ def test_report_export_into_a_place_it_cannot_write(tmp_path):
     fake_run(tmp_path, "dana-slim_k2_s0", "dana-slim", 2, 0, [0.5, 0.4])
     result = dana("report", str(tmp_path), "--export", "/proc/dana-export")
     assert_bad_input(result, "cannot write /proc/dana-export/")
+
+
+def test_an_error_raised_in_a_ray_actor_is_printed_as_dana_raised_it(monkeypatch, capsys):
+    # Ray hands the driver a subclass of the actor's error whose text is the actor's
+    # traceback, and the error itself as `cause`
+    from dana import cli
+    from dana.errors import WriteError
+
+    class FromActor(WriteError):
+        def __str__(self):
+            return "ray::Head.relay() (pid=1)\nTraceback (most recent call last): ..."
+
+    raised = FromActor("x")
+    raised.cause = WriteError("the disk is full: free space")
+    monkeypatch.setattr(cli, "cmd_train", lambda args: (_ for _ in ()).throw(raised))
+    assert cli.main(["train", "--dataset", "synthetic"]) == 2
+    err = capsys.readouterr().err
+    assert err == "dana: error: the disk is full: free space\n"

@@ -354,7 +354,8 @@ def _print_report(path: str, out: str | None, target: float | None, baseline: st
             + (" (not used: the baseline reaches it at its first evaluation)" if t.skip else "")
             for t in report.targets
         ]
-        print(f"Time-to-target targets: {'; '.join(shown)}")
+        # (each panel's own: the same ones when the panels share their baseline's value)
+        print(f"Time-to-target targets: {'; '.join(dict.fromkeys(shown))}")
     print("Wrote " + ", ".join(str(f) for f in report.files))
 
 
