@@ -244,3 +244,38 @@ def test_a_cluster_that_does_not_answer_is_given_up_at_the_deadline(monkeypatch)
     monkeypatch.setenv("DANA_CONNECT_TIMEOUT", "soon")
     with pytest.raises(ConfigError, match="DANA_CONNECT_TIMEOUT='soon'"):
         cluster._check_reachable("10.1.2.3:6379")
+
+
+@pytest.mark.parametrize("answer", [b"HTTP/1.1 400 Bad Request\r\n\r\n", None])
+def test_an_address_where_something_else_listens_is_refused_at_once(monkeypatch, answer):
+    # (Ray's own connect to it hung for over 5 minutes); a loopback server of ours that
+    # answers another protocol, or nothing within the deadline
+    import socket
+    import threading
+    import time
+
+    from dana.ps import cluster
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve():
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(64)
+            if answer is not None:
+                conn.sendall(answer)
+            else:
+                time.sleep(1.5)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    monkeypatch.setenv("DANA_CONNECT_TIMEOUT", "0.5")
+    started = time.monotonic()
+    try:
+        with pytest.raises(DanaError, match="is not a Ray cluster.*does not answer HTTP/2"):
+            cluster._check_reachable(f"127.0.0.1:{port}")
+    finally:
+        thread.join(timeout=5)
+        server.close()
+    assert time.monotonic() - started < 5

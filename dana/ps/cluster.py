@@ -245,7 +245,8 @@ def _check_reachable(address: str) -> None:
         return  # "auto", "local" or a form Ray interprets itself
     timeout = connect_timeout()
     try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
+        with socket.create_connection((host, int(port)), timeout=timeout) as link:
+            speaks_grpc = _answers_http2(link)
     except OSError as e:
         problem = (
             f"no answer within {timeout:g} s ({CONNECT_TIMEOUT_VAR} sets the deadline)"
@@ -257,6 +258,34 @@ def _check_reachable(address: str) -> None:
             "with `ray start --head` on that machine, or check the address (see "
             "docs/DISTRIBUTED.md)"
         ) from None
+    if not speaks_grpc:
+        raise DanaError(
+            f"--address {address}: what listens there is not a Ray cluster (its GCS speaks "
+            "gRPC, and this does not answer HTTP/2); give the address `ray start --head` "
+            "printed (its --port, 6379 by default)"
+        )
+
+
+#: HTTP/2's connection preface and an empty SETTINGS frame: a gRPC server (a Ray GCS)
+#: answers with a SETTINGS frame of its own.
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_SETTINGS = 0x04
+
+
+def _answers_http2(link: socket.socket) -> bool:
+    """Whether the server at ``link`` answers HTTP/2's preface with a frame header whose
+    type is SETTINGS (within the socket's timeout; silence or another protocol: no)."""
+    try:
+        link.sendall(_HTTP2_HELLO)
+        header = b""
+        while len(header) < 9:
+            chunk = link.recv(9 - len(header))
+            if not chunk:
+                return False
+            header += chunk
+    except OSError:
+        return False
+    return header[3] == _SETTINGS
 
 
 def server_options(cpus: float = 1.0) -> dict[str, Any]:
