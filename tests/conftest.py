@@ -325,13 +325,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def outward_ip() -> str:
-    """The address Ray gives this machine's head node (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(("192.0.2.1", 9))
-        return s.getsockname()[0]
-
-
 def kill_tree(tag: str) -> int:
     """SIGKILL every process whose command line holds ``tag``, and their descendants
     (never this process); how many."""
