@@ -1,9 +1,9 @@
 """The Ray runtime's robustness on a real local Ray: a SIGTERMed run checkpoints and
 exits 75 (dana/train/records/preempt.py), a killed driver leaves no Ray process behind
 (dana/ps/reaper.py) and its run resumes from the checkpoint, and a hung server (SIGSTOP)
-past ``--server-timeout`` is lost as a dead one is (dana/ps/group.py): the run goes on
-with every push applied once, or ends with exit status 4 and a message, never a silent
-hang."""
+past ``--server-timeout`` is lost as a dead one is (dana/ps/group.py), and so is a hung
+worker (dana/ps/watch.py): the run goes on with every push applied once, or ends with
+exit status 4 and a message, never a silent hang."""
 
 from __future__ import annotations
 
@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 import torch
 from clirun import start, wait_for, wait_rows
-from conftest import command, descendants, needs_ray, run_on_ray, tiny
+from conftest import check_accounting, command, descendants, needs_ray, run_on_ray, tiny
 from fault_injection import Faults, check_every_shard, run_with_faults
 
 from dana.errors import EXIT_PREEMPTED, FaultError
 from dana.ps.accounting import check_run
+from dana.ps.watch import WATCH
 from dana.train.records.rundir import RunDir
 
 try:
@@ -205,3 +206,44 @@ def test_a_hung_head_without_a_standby_ends_the_run_with_exit_4(local_ray, tmp_p
     with pytest.raises(FaultError, match="shard 0 was lost.*no standby.*--resume"):
         run_on_ray(config, tmp_path / "run", lambda runner: Pause(runner, [(20, "pause")]))
     assert time.time() - started < 120
+
+
+@pytest.mark.ray
+@needs_ray
+def test_a_hung_worker_is_dropped_past_the_deadline_and_the_run_ends_normally(
+    local_ray, tmp_path, capfd
+):
+    """Worker 1 paused (SIGSTOP, never continued) mid-run, with ``--server-timeout 4``:
+    it no longer answers the driver's questions (dana/ps/watch.py), so it is killed and
+    dropped within the deadline (plus a margin), named on stderr; the other two finish
+    the run, which returns normally with every push applied exactly once."""
+    deadline = 4.0
+    config = tiny(workers=3, servers=2, epochs=4.0, time_scale=0.002, server_timeout=deadline)
+    paused: list[float] = []
+
+    class PauseWorker(Faults):
+        def update(self, steps: int, loss: float) -> None:
+            if not paused and steps >= 40:
+                worker = self.runner.worker_actors[1]
+                # (asked on its side thread: its run() call holds the main one)
+                ask = worker.__ray_call__.options(concurrency_group=WATCH)
+                os.kill(ray.get(ask.remote(lambda self: os.getpid())), signal.SIGSTOP)
+                paused.append(time.time())
+
+    # (without the deadline the run waits for ever: a SIGTERM then checkpoints it, a failure)
+    guard = threading.Timer(120.0, os.kill, (os.getpid(), signal.SIGTERM))
+    guard.start()
+    try:
+        runner = run_on_ray(config, tmp_path / "run", lambda runner: PauseWorker(runner, []))
+    finally:
+        guard.cancel()
+    assert paused, "the run ended before the pause"
+    err = capfd.readouterr().err
+    assert "worker 1 did not answer within 4 s" in err and "dropped from the run" in err, err
+    dist = check_accounting(runner)  # every push applied exactly once, the summary's too
+    assert runner.summary["pushes"] == 4 * 32
+    assert dist["workers_lost"] == [1]
+    (left,) = [e for e in dist["membership"] if e["event"] == "leave"]
+    assert left["worker"] == 1 and left["why"] == "did not answer"
+    assert left["time"] - paused[0] < deadline + 3.0, left["time"] - paused[0]
+    assert left["steps"] < 4 * 32  # dropped mid-run: the two others went on

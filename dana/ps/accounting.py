@@ -84,8 +84,11 @@ def dist_counters(
         "placement": servers.placement,
         # Every push a worker numbered (its last seq): applied once, or answered
         # "stop" after the run's last step; a crashed worker renumbers from the
-        # servers' last applied seq, so a push lost in flight is not counted.
-        "pushes_sent": sum(calls.last_seq),
+        # servers' last applied seq, so a push lost in flight is not counted; for a
+        # worker lost for good (no call of it returned its count) the servers' stands.
+        "pushes_sent": sum(
+            head["last_seq"][i] if i in calls.lost else seq for i, seq in enumerate(calls.last_seq)
+        ),
         "pushes_applied": head["pushes"],
         "local_steps": head["local_steps"],
         "rejected_after_stop": head["rejected_after_stop"],

@@ -25,6 +25,12 @@ the driver only watches:
   resume). A crashed worker is restarted and redoes its round; a push already applied
   is not applied twice, nor a local step counted twice (:mod:`dana.ps.worker`).
 
+A worker that stops answering (a paused process, a stuck node) for ``--server-timeout``
+is killed (:mod:`dana.ps.watch`): an asynchronous run goes on without it, as without a
+worker out of restarts; a synchronous one ends with a checkpoint of the moment
+(:class:`~dana.errors.FaultError`, ``--resume``). Once the run's end is reached, the
+workers' calls get ``--server-timeout`` more, then the run ends without them.
+
 Shard 0 (the head) relays every call to a standby replica of itself (waiting for it)
 and to the other shards, so that a push is applied on all of them or on none and all
 shards count alike; it keeps the calls it relayed, and a lost shard ``s >= 1`` or
@@ -53,6 +59,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from typing import Any
 
@@ -60,7 +67,7 @@ from torch import Tensor
 
 from dana.algorithms.base import Algorithm
 from dana.atomic import write_text_atomic
-from dana.errors import ConfigError, DanaError, FaultError
+from dana.errors import ConfigError, FaultError
 from dana.ps.accounting import WorkerCalls, dist_counters
 from dana.ps.checkpoint import build_state, check_state, to_numpy
 from dana.ps.cluster import (
@@ -77,6 +84,7 @@ from dana.ps.log import LogMerger
 from dana.ps.membership import Membership, write_members
 from dana.ps.points import Points
 from dana.ps.settings import server_args
+from dana.ps.watch import WATCH_GROUPS, WorkerWatch
 from dana.ps.worker import Worker
 from dana.train.cluster.timing import write_trace
 from dana.train.config import TrainConfig
@@ -296,7 +304,11 @@ class RayRun:
         spec = self.problem.spec
         self.spec_ref = None if spec is None else ray.put(spec)
         gpus = worker_gpus(ray, self.config.device, self.members.k_max)
-        self.worker_cls = ray.remote(Worker).options(**worker_options(cpus, gpus))
+        # (a side thread answers the driver's questions: dana.ps.watch)
+        self.worker_cls = ray.remote(concurrency_groups=WATCH_GROUPS)(Worker).options(
+            **worker_options(cpus, gpus)
+        )
+        self.watch = WorkerWatch(ray, self.config.server_timeout)
         # (a resumed run starts every worker it had started; those gone answer "gone")
         self.worker_actors = workers = [self._worker(i) for i in range(self.members.started)]
         deadline = time.time() + READY_SECONDS
@@ -319,6 +331,7 @@ class RayRun:
             self.shards.on_head(lambda head, i=i: head.relay_member.remote(i, True))
             self.members.joined(i, self.steps, "added")
             self.worker_actors.append(self._worker(i))
+            self.watch.started(i)
             running[self.worker_actors[i].run.remote(clock_zero=self.clock_zero)] = i
 
     def _run_free(self, progress: Progress) -> None:
@@ -332,7 +345,10 @@ class RayRun:
             done, _ = ray.wait(list(running), num_returns=len(running), timeout=POLL_SECONDS)
             for ref in done:
                 i = running.pop(ref)
-                if self._finished(ref, i) is False and self.points.diverged_at is None:
+                finished = self._finished(ref, i)
+                if finished is None:
+                    self._drop(i, "out of restarts")
+                elif finished is False and self.points.diverged_at is None:
                     running[workers[i].run.remote(clock_zero=self.clock_zero)] = i
             self._poll()
             if self.points.diverged_at is None and self.steps < self.end:  # (none after the end)
@@ -341,6 +357,9 @@ class RayRun:
             if self.points.diverged_at is not None:
                 self.shards.stop()
             self._show(progress)
+            ended = self.steps >= self.end or self.points.diverged_at is not None
+            for i in self._hung(running, past_end=self.watch.past_end(ended)):
+                self._drop(i, "did not answer")
         if self.steps < self.end and self.points.diverged_at is None:
             raise FaultError(
                 f"every worker died for good after {self.steps} of {self.end} steps; "
@@ -363,19 +382,43 @@ class RayRun:
                     self._poll()
                 for ref in done:
                     i = running.pop(ref)
-                    if self._finished(ref, i) is False:
+                    finished = self._finished(ref, i)
+                    if finished is None:
+                        why = f"died and cannot be restarted (max_restarts {WORKER_RESTARTS})"
+                        self._cannot_go_on(i, why, progress, list(running))
+                    if finished is False:
                         running[workers[i].run.remote(round_index)] = i
+                for i in self._hung(running):
+                    self._cannot_go_on(i, "did not answer", progress, list(running))
             round_index += 1
             self._poll()
             self.points.process(progress, stop=self.shards.stop)
             self._show(progress)
 
     def _preempt(self, progress: Progress, running: list[Any]) -> None:
-        """SIGTERM or SIGINT (:mod:`dana.train.records.preempt`): stop the servers (the workers'
-        loops end with their next call), wait until every shard has run every call the
-        head relayed, take what they report, save every shard's state with the merged
-        log as the checkpoint, and raise :class:`~dana.errors.Preempted`. Every push
-        applied is in the checkpoint on every shard: ``--resume`` redoes none."""
+        """SIGTERM or SIGINT (:mod:`dana.train.records.preempt`): checkpoint this moment
+        (:meth:`_checkpoint_now`) and raise :class:`~dana.errors.Preempted`."""
+        steps = self._checkpoint_now(progress, running)
+        raise preempt.preempted(str(self.run.path), f"at step {steps}")
+
+    def _cannot_go_on(self, i: int, why: str, progress: Progress, running: list[Any]) -> None:
+        """A synchronous rule lost worker ``i`` (``why``): its rounds cannot go on.
+        Checkpoint this moment (:meth:`_checkpoint_now`; the open round's pushes are in
+        it, and on ``--resume`` the workers whose push is not redo their part of the
+        round) and raise :class:`~dana.errors.FaultError` (exit status 4)."""
+        steps = self._checkpoint_now(progress, running)
+        raise FaultError(
+            f"worker {i} {why}; {self.config.algorithm} cannot go on without it: "
+            f"checkpoint written at step {steps}; continue with "
+            f"`dana train --resume {self.run.path}`"
+        )
+
+    def _checkpoint_now(self, progress: Progress, running: list[Any]) -> int:
+        """Stop the servers (the workers' loops end with their next call), wait at most
+        ``--server-timeout`` for the ``running`` calls and until every shard has run
+        every call the head relayed, take what they report, save every shard's state
+        with the merged log as the checkpoint; its step. Every push applied is in the
+        checkpoint on every shard: ``--resume`` redoes none."""
         shards = self.shards
         shards.stop()
         self.ray.wait(running, num_returns=len(running), timeout=shards.timeout)
@@ -398,33 +441,53 @@ class RayRun:
         )
         self.run.save_checkpoint(state)
         progress.close()
-        raise preempt.preempted(str(self.run.path), f"at step {states[0]['steps']}")
+        return int(states[0]["steps"])
 
     def _finished(self, ref: Any, i: int) -> bool | None:
         """Account for a worker's ``run`` call: True if it returned, False if its process
-        died and Ray restarts it (call it again), None if it is gone for good."""
+        died and Ray restarts it (call it again), None if it is out of restarts."""
         ray = self.ray
         try:
             self.calls.returned(i, ray.get(ref))
             return True
         except ray.exceptions.ActorDiedError:  # out of restarts
-            if self.synchronous:
-                raise DanaError(
-                    f"worker {i} died and cannot be restarted (max_restarts "
-                    f"{WORKER_RESTARTS}); {self.config.algorithm} cannot go on without it. "
-                    f"Continue from the last checkpoint with `dana train --resume {self.run.path}`"
-                ) from None
-            self.calls.lost.append(i)
-            # Gone for good: the master rule is told (its state for i dropped or folded;
-            # the staleness gate forgets it), and the run does not wait for it.
-            self.shards.on_head(lambda head: head.relay_member.remote(i, False))
-            self.members.left(i, self.steps, "out of restarts")
             return None
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
             # restarted, or restarting (its node lost): call it again
             self.calls.failed[i] += 1
+            self.watch.started(i)
             time.sleep(0.05)
             return False
+
+    def _hung(self, running: dict[Any, int], past_end: bool = False) -> list[int]:
+        """The workers of the ``running`` calls (reference: worker) that have not answered
+        within the deadline (:mod:`dana.ps.watch`), or all of them once the run's end was
+        reached more than the deadline ago (``past_end``): each taken out of
+        ``running``, its actor killed (never restarted) and named on stderr."""
+        if past_end:
+            late = set(running.values())
+        else:
+            late = set(self.watch.hung({i: self.worker_actors[i] for i in running.values()}))
+        when = " after the run ended" if past_end else ""
+        then = "the run cannot go on without it" if self.synchronous else "dropped from the run"
+        for ref in [ref for ref, i in running.items() if i in late]:
+            i = running.pop(ref)
+            self.ray.kill(self.worker_actors[i], no_restart=True)
+            print(
+                f"dana: worker {i} did not answer within {self.watch.deadline:g} s{when} "
+                f"(--server-timeout): killed; {then}",
+                file=sys.stderr,
+            )
+        return sorted(late)
+
+    def _drop(self, i: int, why: str) -> None:
+        """Worker ``i`` is gone for good (``why``; asynchronous rules): unless the run is
+        over, the master rule is told (its state for ``i`` dropped or folded; the
+        staleness gate forgets it); the run does not wait for it."""
+        self.calls.lost.append(i)
+        if self.steps < self.end and self.points.diverged_at is None:
+            self.shards.on_head(lambda head: head.relay_member.remote(i, False))
+        self.members.left(i, self.steps, why)
 
     # -- what the servers report --------------------------------------------------------
     def _poll(self) -> None:
