@@ -125,8 +125,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         if config.compress != "none" and "push_bytes" in summary
         else ""
     )
+    grown = summary.get("workers_at_end", config.workers)
+    size = f"{config.workers} workers" + (
+        f" ({grown} at the end)" if grown != config.workers else ""
+    )
     print(
-        f"{config.algorithm}, {config.workers} workers: {result}, mean gap "
+        f"{config.algorithm}, {size}: {result}, mean gap "
         f"{summary['mean_gap']:.3g}, mean staleness {summary['mean_staleness']:.1f}{wire}. "
         f"Results in {out}."
     )

@@ -208,7 +208,7 @@ def every_push_once(runner: Any, workers: int) -> dict[str, Any]:
 
 @pytest.mark.ray
 @needs_ray
-def test_a_run_grows_from_2_to_4_workers_and_shrinks_to_3(local_ray, tmp_path):
+def test_a_run_grows_from_2_to_4_workers_and_shrinks_to_3(local_ray, tmp_path, capfd):
     """DANA-Zero, 2 shards: workers 2 and 3 are added at steps 16 and 32, worker 1 is
     killed for good at step 64 (declared gone: ``master.leave``). Exact accounting; at
     the end (the checkpoint of the last step) each shard's ``S`` is the sum of the live
@@ -240,6 +240,9 @@ def test_a_run_grows_from_2_to_4_workers_and_shrinks_to_3(local_ray, tmp_path):
         (1, "leave", 3),
     ]
     assert sum(dist["shards"][0]["joins"]) == 4  # each process joined once
+    assert runner.summary["workers"] == 2 and runner.summary["workers_at_end"] == 3
+    err = capfd.readouterr().err  # each join said on screen
+    assert "worker 2 joined at step" in err and "worker 3 joined at step" in err
     state = torch.load(runner.run.checkpoint, weights_only=True)
     for server in state["servers"]:
         v, S = torch.as_tensor(server["master"]["v"]), torch.as_tensor(server["master"]["S"])

@@ -254,7 +254,10 @@ class RayRun:
             wall,
             end,
             self.wait_time,
-            {"push_bytes": push_bytes(self.config.compress, self.d, self.S, self._value_bytes())},
+            {
+                "push_bytes": push_bytes(self.config.compress, self.d, self.S, self._value_bytes()),
+                "workers_at_end": len(self.members.live),  # (a run that grew or lost some)
+            },
         )
 
     @property

@@ -97,8 +97,13 @@ class Membership:
         return i
 
     def joined(self, worker: int, steps: int, why: str) -> None:
+        """``worker`` joined at ``steps`` (``why``: the plan or a request), said on stderr."""
         self.live.add(worker)
         self._event(worker, "join", steps, why)
+        print(
+            f"dana: worker {worker} joined at step {steps} ({why}): {len(self.live)} live",
+            file=sys.stderr,
+        )
 
     def left(self, worker: int, steps: int, why: str) -> None:
         self.live.discard(worker)
