@@ -35,6 +35,9 @@ class Runner(Protocol):
       :meth:`load_state_dict`);
     - :meth:`execute` runs to the end, writes ``metrics.csv`` (and checkpoints) through
       the :class:`RunDir` and returns the summary (:func:`dana.train.records.metrics.summarize`);
+      a runner may also offer ``execute_steps(progress)``, the same as a generator that
+      yields after each step and returns the summary (the simulator's: runs packed into
+      one process advance in turn, :mod:`dana.sim.pack`), which ``train`` then drives;
     - then ``log``, the per-push log (:class:`~dana.train.records.pushlog.PushLog`), and
       :meth:`final_params`, the master's parameters at the end as evaluated.
     """
