@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks, in one short run (under 5 minutes): the CUDA exactness and end-to-end
-# checks, then the simulator's scale benchmark on cuda (its table and last line).
+# The GPU checks, in one short run (under 8 minutes): the CUDA exactness and end-to-end
+# checks, the simulator's scale benchmark on cuda (its table and last line), and packed runs.
 # Runs from a checkout with the machine's python3 and nothing installed (pytest is used
 # where it is there; without it, bench/gpu_checks.py runs the same checks; the test
 # suite runs that script and this sim_scale.py command on the CPU):
@@ -22,3 +22,6 @@ fi
 
 echo "== bench/sim_scale.py --device cuda"
 timeout 170 python3 bench/sim_scale.py --device cuda "${SIM_SCALE_ARGS[@]}" --seconds 3 --repeats 2
+
+echo "== bench/pack_throughput.py --device cuda (runs packed into one process)"
+timeout 150 python3 bench/pack_throughput.py --device cuda --runs 8 --workers 16 --train-size 5000

@@ -31,6 +31,7 @@ LAST_LINES = {
     "chaos_soak.py": r"chaos soak: (\d+) faults, \1 survived, lost 0, doubled 0",
     "relay_log_memory.py": r"relay log peak resident MB \d+ \(bound MB \d+\)",
     "read_speed.py": r"read speed ratio [\d.]+",
+    "pack_throughput.py": r"pack speed-up [\d.]+",
 }
 #: Arguments beside --smoke (bench/gpu.sh's GPU checks, run here on the CPU).
 ARGS = {"gpu_checks.py": ["--device", "cpu"]}
