@@ -259,8 +259,11 @@ class SimRun:
         behind the applied pushes (each class's count, and the data's: the bias meter)."""
         sim, config = self.sim, self.config
         d, value_bytes = self.problem.flat.d, sim.sent.element_size()
+        clock = sim.clock
         extra: dict[str, Any] = {
-            "push_bytes": push_bytes(config.compress, d, config.servers, value_bytes)
+            "push_bytes": push_bytes(config.compress, d, config.servers, value_bytes),
+            # (a cluster's departures: those away at the end are not counted)
+            "workers_at_end": sim.k if clock is None else sim.k - sum(clock.away),
         }
         if self.config.cluster is not None:
             extra["cluster"] = self.config.cluster["name"]
