@@ -37,10 +37,11 @@ from dana.algorithms.ssgd import SsgdMaster
 
 
 class DilocoMaster(SsgdMaster):
-    """DiLoCo's master (Douillard et al. 2023): the round of :class:`~dana.algorithms.ssgd.SsgdMaster` (its
-    membership too), closed by one outer Nesterov step on the mean outer gradient in
-    ``torch.optim.SGD(nesterov=True)``'s order: ``v = mu*v + D; theta -= outer_lr*(D +
-    mu*v)``, ``D`` the mean. Pulls send ``theta``."""
+    """DiLoCo's master (Douillard et al. 2023): the round of
+    :class:`~dana.algorithms.ssgd.SsgdMaster` (its membership too), closed by one outer
+    Nesterov step on the mean outer gradient in ``torch.optim.SGD(nesterov=True)``'s
+    order: ``v = mu*v + D; theta -= outer_lr*(D + mu*v)``, ``D`` the mean. Pulls send
+    ``theta``."""
 
     def __init__(self, params: Tensor, workers: int, outer_lr: float, momentum: float):
         super().__init__(params, workers, momentum, nesterov=False)
