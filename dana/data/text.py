@@ -65,11 +65,15 @@ def windows(data: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tenso
     return x, y
 
 
-def _read(path: Path) -> torch.Tensor:
+def _raw(path: Path) -> bytes:
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except OSError as e:
         raise DataError(f"{path}: cannot read the text: {e.strerror}; {_HINT}") from None
+
+
+def _read(path: Path) -> torch.Tensor:
+    raw = _raw(path)
     if not raw:
         return torch.zeros(0, dtype=torch.uint8)
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
@@ -91,7 +95,7 @@ def read_fortunes(files: list[Path]) -> tuple[torch.Tensor, torch.Tensor]:
     parts: tuple[list[bytes], list[bytes]] = ([], [])
     count = 0
     for path in files:
-        for fortune in _FORTUNE_END.split(bytes(_read(path).numpy())):
+        for fortune in _FORTUNE_END.split(_raw(path)):
             if fortune.strip():
                 count += 1
                 parts[count % TEST_EVERY == 0].append(fortune.rstrip(b"\n") + b"\n%\n")

@@ -427,10 +427,8 @@ class _Runner:
         outcome = OUTCOMES.get(rc, f"exit {rc}")
         if len(job.cells) > 1 and run.finished():
             outcome = "diverged" if run.read_summary().get("diverged") else "finished"
-        elif len(job.cells) > 1 and rc in (0, 3):
-            outcome = "error"  # (the pack's output says why)
-        if rc in (0, 3) and not run.finished():
-            outcome = "error"  # a success without a summary is no success
+        if rc in (0, 3) and not run.finished():  # a success without a summary is none
+            outcome = "error"  # (in a pack, the pack's output says why)
         name = cell.name
         self.result.status[name] = outcome if outcome in ("finished", "diverged") else "failed"
         if outcome in ("finished", "diverged") and not self.keep_checkpoints:

@@ -184,14 +184,21 @@ class BatchedEngine(Engine):
         apply_running(self.source.flat.module, self._keep, running)
 
     def _compute(self, points, batches):
-        inputs = [self.source.inputs(b) for b in batches]
-        x = I.stack([xy[0] for xy in inputs])
-        y = torch.stack([xy[1] for xy in inputs])
-        grads, losses, running = self.stacked(torch.stack(points), x, y)
-        return [
-            (grads[n], float(losses[n]), {k: v[n] for k, v in running.items()})
-            for n in range(len(points))
-        ]
+        return stacked_call(self.stacked, points, [self.source.inputs(b) for b in batches])
+
+
+def stacked_call(
+    stacked: StackedGradient, points: list[Tensor], inputs: list[tuple[I.Inputs, Tensor]]
+) -> list[tuple[Tensor, float, Running]]:
+    """The gradients at ``points`` on ``inputs`` (each an ``(x, y)`` batch) in one call
+    of ``stacked``: each one's gradient, loss and running statistics."""
+    x = I.stack([xy[0] for xy in inputs])
+    y = torch.stack([xy[1] for xy in inputs])
+    grads, losses, running = stacked(torch.stack(points), x, y)
+    return [
+        (grads[n], float(losses[n]), {k: v[n] for k, v in running.items()})
+        for n in range(len(points))
+    ]
 
 
 class ThreadedEngine(Engine):
@@ -314,16 +321,10 @@ class Pack:
                 jobs.append((other, ahead, points, [view.batch(j) for j in ahead]))
                 other.computed += len(ahead)
         inputs = [e.source.inputs(b) for e, _, _, bs in jobs for b in bs]
-        x = I.stack([xy[0] for xy in inputs])
-        y = torch.stack([xy[1] for xy in inputs])
-        grads, losses, running = self.stacked(
-            torch.stack([p for _, _, ps, _ in jobs for p in ps]), x, y
-        )
-        n = 0
+        results = iter(stacked_call(self.stacked, [p for _, _, ps, _ in jobs for p in ps], inputs))
         for e, js, _, _ in jobs:
             for j in js:
-                e.pending[j] = (grads[n], float(losses[n]), {k: v[n] for k, v in running.items()})
-                n += 1
+                e.pending[j] = next(results)
         self.calls += 1
 
     def leave(self, engine: PackedEngine) -> None:
