@@ -6,7 +6,9 @@ in the code they call cannot break them unseen before they first run on a GPU:
 
 1. for each of five algorithms, the simulator's batched gradients (``batch_workers=8``)
    against the sequential ones: the same events, parameters within 1e-10 (float64);
-2. ``dana train --device DEVICE --batch-workers auto`` on synthetic data, one epoch.
+2. ``dana train --device DEVICE --batch-workers auto`` on synthetic data, one epoch;
+3. ``--pack auto``'s measure: one run's peak memory and the pack size it gives (on the
+   CPU: that the measure is refused, the CPU's size being 1).
 
 Each check prints ``PASS`` or ``FAIL`` and a figure; the last line is ``checks passed
 P of N``, and the exit status is 1 when one failed.
@@ -78,6 +80,32 @@ def train_end_to_end(device: str) -> bool:
     return ok
 
 
+def pack_auto(device: str) -> bool:
+    from dana.sim.pack import auto_pack_size, run_footprint
+
+    config = TrainConfig(
+        dataset="synthetic", model="cnn", train_size=512, test_size=128, batch_size=32,
+        workers=8, epochs=1, device=device,
+    ).validate()  # fmt: skip
+    if device != "cuda":
+        try:
+            run_footprint(config)
+        except ValueError as e:
+            print(f"PASS {device} --pack auto: no footprint off a GPU ({e})")
+            return True
+        print(f"FAIL {device} --pack auto: a footprint measured off a GPU")
+        return False
+    run_bytes = run_footprint(config)
+    free, _ = torch.cuda.mem_get_info()
+    size = auto_pack_size(run_bytes, free)
+    ok = run_bytes > 0 and size >= 2
+    print(
+        f"{'PASS' if ok else 'FAIL'} cuda --pack auto: one run's peak "
+        f"{run_bytes / 2**20:.1f} MiB, {free / 2**30:.1f} GiB free: {size} runs per process"
+    )
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda (bench/gpu.sh) or cpu")
@@ -91,6 +119,7 @@ def main() -> int:
         for a in (ALGORITHMS[:2] if args.smoke else ALGORITHMS)
     ]
     results.append(train_end_to_end(args.device))
+    results.append(pack_auto(args.device))
     print(f"checks passed {sum(results)} of {len(results)}")
     return 0 if all(results) else 1
 

@@ -221,3 +221,51 @@ def test_sweep_pack_2_equals_the_sweep_unpacked(tmp_path):
         assert_same_records(tmp_path / "packed" / "runs" / name, tmp_path / "alone" / "runs" / name)
     log = (tmp_path / "packed" / "sweep.log").read_text()
     assert "a pack of" in log and log.count("finished ") == 3
+
+
+def test_pack_auto_fits_half_the_free_memory_shared_by_the_jobs():
+    from dana.sim.pack import auto_pack_size
+
+    assert auto_pack_size(100, 1_000) == 5
+    assert auto_pack_size(100, 1_000, jobs=2) == 2
+    assert auto_pack_size(10**9, 1_000) == 1  # (one run always: it may still fit alone)
+
+
+@pytest.mark.slow
+def test_sweep_pack_auto_on_the_cpu_runs_each_alone_and_says_why(tmp_path):
+    tiny = ["--dataset", "synthetic", "--model", "linear", "--train-size", "128",
+            "--test-size", "64", "--batch-size", "32", "--epochs", "0.5",
+            "--algorithms", "dana-slim", "--workers", "1,2", "--quiet"]  # fmt: skip
+    result = run_dana("sweep", *tiny, "--out", str(tmp_path / "s"), "--pack", "auto", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "--pack auto: 1 run(s) of linear per process: on the CPU" in result.stderr
+    log = (tmp_path / "s" / "sweep.log").read_text()
+    assert "--pack auto: 1 run(s)" in log and "a pack of" not in log
+    assert log.count("finished ") == 2
+
+
+@pytest.mark.parametrize("size", ["0", "two", "-1"])
+def test_sweep_pack_refuses_what_is_not_a_size(tmp_path, size):
+    result = run_dana("sweep", "--preset", "fashion-quick", "--out", str(tmp_path), "--pack", size)
+    assert result.returncode == 2
+    assert f"--pack must be a whole number >= 1 or auto, got '{size}'" in result.stderr
+
+
+def test_a_footprint_is_measured_on_a_gpu_only(tmp_path, capsys):
+    from dana.experiments.packed import main
+
+    cell = tmp_path / "cell.json"
+    cell.write_text(json.dumps(TrainConfig(dataset="synthetic", model="linear").to_dict()))
+    assert main(["--footprint", str(cell)]) == 2
+    assert "computes on cpu; a footprint is a GPU's" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_runs_footprint_on_the_gpu_is_its_peak_memory():
+    from dana.sim.pack import auto_pack_size, run_footprint
+
+    config = TrainConfig(dataset="synthetic", model="cnn", train_size=256, test_size=64,
+                         batch_size=32, workers=4, epochs=1, device="cuda").validate()  # fmt: skip
+    run_bytes = run_footprint(config)
+    assert run_bytes > 4 * sum(p.numel() for p in config.build_model().parameters())
+    assert auto_pack_size(run_bytes, torch.cuda.mem_get_info()[0]) >= 2

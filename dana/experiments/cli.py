@@ -135,12 +135,12 @@ def add_sweep_parser(sub) -> None:
     run.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
     run.add_argument(
         "--pack",
-        type=int,
-        default=1,
+        default="1",
         metavar="N",
         help="advance up to N simulator runs of one model and dataset in one process, "
         "their gradients computed together (each writes its own run directory); "
-        "--jobs counts such processes (default 1: each run alone)",
+        "--jobs counts such processes (default 1: each run alone; auto: as many as fit "
+        "the GPU, 1 on the CPU)",
     )
     run.add_argument(
         "--threads",
@@ -231,8 +231,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
-    if args.pack < 1:
-        raise ConfigError(f"--pack must be at least 1, got {args.pack}")
+    if args.pack != "auto":
+        given = args.pack
+        args.pack = int(given) if given.isdigit() else 0
+        if args.pack < 1:
+            raise ConfigError(f"--pack must be a whole number >= 1 or auto, got {given!r}")
     if args.threads is not None:
         check_threads(args.threads)
     spec = sweep_spec(args)

@@ -4,6 +4,11 @@
 
 It prints one line per run and exits 75 when a run was preempted, else 0; each run's
 outcome is in its directory (``summary.json``, or not: the line says why).
+
+``python -m dana.experiments.packed --footprint CELL.json`` prints, as JSON, one run's
+peak CUDA memory (``run_bytes``: :func:`dana.sim.pack.run_footprint`) and the device's
+free memory before it (``free_bytes``): what ``dana sweep --pack auto`` sizes a pack
+from, measured in a process of its own so that the sweep holds no device memory.
 """
 
 from __future__ import annotations
@@ -13,8 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from dana.errors import EXIT_OK, EXIT_PREEMPTED, Preempted
-from dana.sim.pack import PackedRun, train_pack
+from dana.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_PREEMPTED, Preempted
+from dana.sim.pack import PackedRun, run_footprint, train_pack
 from dana.train.config import TrainConfig
 from dana.train.resources import use_threads
 from dana.version import __version__
@@ -27,7 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", action="append", default=[], help="a new run's config")
     parser.add_argument("--out", action="append", default=[], help="its run directory")
     parser.add_argument("--resume", action="append", default=[], help="a run to continue")
+    parser.add_argument("--footprint", metavar="CELL", help="measure one run's peak memory")
     args = parser.parse_args(argv)
+    if args.footprint:
+        return _footprint(args.footprint)
     if len(args.config) != len(args.out):
         parser.error("give one --out per --config")
     threads = use_threads(args.threads)
@@ -43,6 +51,22 @@ def main(argv: list[str] | None = None) -> int:
             what = f"{type(result).__name__}: {result}"
         print(f"dana pack: {run.out}: {what}", flush=True)
     return EXIT_PREEMPTED if any(isinstance(r, Preempted) for r in results) else EXIT_OK
+
+
+def _footprint(cell: str) -> int:
+    """Print ``{"run_bytes": ..., "free_bytes": ...}`` for the run of ``cell``."""
+    import torch
+
+    from dana.train.device import resolve_device
+
+    config = TrainConfig.from_dict(json.loads(Path(cell).read_text()), cell).validate()
+    device = resolve_device(config.device)
+    if device.type != "cuda":
+        print(f"--footprint: {cell} computes on {device}; a footprint is a GPU's", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    free, _ = torch.cuda.mem_get_info(device)
+    print(json.dumps({"run_bytes": run_footprint(config), "free_bytes": free}), flush=True)
+    return EXIT_OK
 
 
 if __name__ == "__main__":

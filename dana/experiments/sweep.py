@@ -24,6 +24,10 @@ sets, or the sweep's own ``--threads``). Its output goes to ``OUT/logs/NAME.log`
   their gradients computed together; each writes its own run directory as if run
   alone (float rounding apart). Other cells run alone, and ``sweep.log`` says so. The
   pack's output goes to its first cell's log. ``1`` (the default): every cell alone.
+  ``"auto"``: on a GPU as many as fit half its free memory among the ``jobs`` processes,
+  from one run's measured peak (:func:`dana.sim.pack.auto_pack_size`, measured once per
+  model in a process of its own); on the CPU 1, where packing is slower
+  (docs/BENCHMARKS.md). ``sweep.log`` and stderr say the choice.
 - SIGINT/SIGTERM are passed on to the running cells as SIGTERM: each writes a checkpoint
   of that moment and exits 75 (:mod:`dana.train.records.preempt`); the sweep then raises
   :class:`~dana.errors.Preempted` (``dana sweep`` exits 75: rerun the same command to
@@ -71,6 +75,8 @@ POLL_SECONDS = 0.5
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: Seconds a stopped run has to write its checkpoint before it is killed.
 STOP_SECONDS = 60
+#: ``--pack auto``: the longest a footprint probe (one run's first steps) may take.
+FOOTPRINT_SECONDS = 600
 #: Where a run can be tied to the sweep's life (``PR_SET_PDEATHSIG``).
 LINUX = sys.platform.startswith("linux")
 
@@ -174,7 +180,7 @@ def run_sweep(
     threads: int | None = None,
     reuse: list[str | Path] | tuple[str | Path, ...] = (),
     keep_models: bool = True,
-    pack: int = 1,
+    pack: int | str = 1,
 ) -> SweepResult:
     """Run every cell of ``spec`` into the results directory ``out`` (see the module doc).
 
@@ -222,10 +228,11 @@ class _Runner:
         threads: int | None = None,
         reusable: ReusableRuns | None = None,
         keep_models: bool = True,
-        pack: int = 1,
+        pack: int | str = 1,
     ):
         self.spec, self.sweep, self.cells, self.result = spec, sweep, cells, result
-        self.pack = max(1, pack)
+        self.pack: int | str = pack if pack == "auto" else max(1, int(pack))
+        self.pack_sizes: dict[str, int] = {}  # --pack auto: the size chosen per pack_key
         self.keep_checkpoints, self.keep_models = keep_checkpoints, keep_models
         self.reusable = reusable
         self.jobs = max(1, jobs)
@@ -242,7 +249,7 @@ class _Runner:
         self.sweep.log(
             f"sweep of {len(self.cells)} runs, {self.jobs} at a time, "
             f"{self.threads} torch thread(s) each"
-            + (f", up to {self.pack} runs packed in one" if self.pack > 1 else "")
+            + (f", up to {self.pack} runs packed in one" if self.pack != 1 else "")
         )
         pending: list[Cell] = []
         self._more_seeds()
@@ -297,10 +304,52 @@ class _Runner:
         if key is None:
             self.sweep.log(f"alone {cell.name}: only simulator runs pack")
             return [cell]
-        same = [c for c in pending if pack_key(c.config().to_dict()) == key][: self.pack - 1]
+        size = self._auto_size(cell, key) if self.pack == "auto" else int(self.pack)
+        same = [c for c in pending if pack_key(c.config().to_dict()) == key][: size - 1]
         for c in same:
             pending.remove(c)
         return [cell, *same]
+
+    def _auto_size(self, cell: Cell, key: str) -> int:
+        """``--pack auto``'s size for the runs of ``cell``'s ``key``, chosen once
+        (:func:`~dana.sim.pack.auto_pack_size`) and said in the log and on stderr."""
+        if key in self.pack_sizes:
+            return self.pack_sizes[key]
+        from dana.sim.pack import auto_pack_size
+        from dana.train.device import resolve_device
+
+        config = cell.config()
+        if resolve_device(config.device).type != "cuda":
+            size, why = 1, "on the CPU one run at a time is faster (docs/BENCHMARKS.md)"
+        else:
+            probe = self.sweep.cell_file(cell)
+            probe.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(probe, _json(config.to_dict()))
+            try:
+                done = subprocess.run(
+                    [sys.executable, "-m", "dana.experiments.packed", "--footprint", str(probe)],
+                    capture_output=True,
+                    text=True,
+                    timeout=FOOTPRINT_SECONDS,
+                )
+                measured = json.loads(done.stdout.strip().splitlines()[-1])
+                run_bytes, free = int(measured["run_bytes"]), int(measured["free_bytes"])
+            except subprocess.TimeoutExpired:
+                size, why = 1, f"its footprint probe took over {FOOTPRINT_SECONDS} s"
+            except (IndexError, KeyError, TypeError, ValueError):
+                size = 1
+                why = f"its footprint could not be measured ({done.stderr.strip()[-300:]})"
+            else:
+                size = auto_pack_size(run_bytes, free, self.jobs)
+                why = (
+                    f"one run's peak {run_bytes / 2**20:.0f} MiB, {free / 2**30:.1f} GiB free, "
+                    f"half of it shared by {self.jobs} process(es)"
+                )
+        self.pack_sizes[key] = size
+        line = f"--pack auto: {size} run(s) of {config.model} per process: {why}"
+        self.sweep.log(line)
+        print(f"dana sweep {line}", file=sys.stderr, flush=True)
+        return size
 
     def _launch(self, cell: Cell) -> tuple[list[str], str] | None:
         """How ``cell`` starts (its run's arguments and the word for the log), having

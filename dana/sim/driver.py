@@ -15,6 +15,7 @@ A NaN or infinite loss is a result, not a crash: the run stops, ``summary.json``
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Generator
 from typing import Any
@@ -54,8 +55,16 @@ def engine_settings(
     batch_workers = config.batch_workers
     if batch_workers == "auto":
         source = problem.source()
+        device = problem.flat.flat.device
         batch_workers = auto_batch_workers(
-            source, config.workers, torch.arange(batches.batch_size), problem.flat.flat.device
+            source, config.workers, torch.arange(batches.batch_size), device
+        )
+        why = "one at a time is faster on the CPU" if device.type == "cpu" else "fit the device"
+        print(
+            f"--batch-workers auto: {batch_workers} of {config.workers} workers' gradients "
+            f"per call ({why})",
+            file=sys.stderr,
+            flush=True,
         )
     if batch_workers > 1:
         try:

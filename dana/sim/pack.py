@@ -14,16 +14,20 @@ own (:mod:`dana.train.records.preempt`); each resumes alone or packed.
 What packs: ``backend: sim`` runs of the same model, dataset, data settings, batch size,
 dtype and device (:func:`pack_key`); seeds, algorithms, workers and schedules may differ.
 
-``dana sweep`` runs a pack as one process: :mod:`dana.experiments.packed`.
+``dana sweep`` runs a pack as one process: :mod:`dana.experiments.packed`. With
+``--pack auto`` it packs as many runs as fit the device (:func:`auto_pack_size`).
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from dana.sim.compute import Pack
 from dana.train.config import TrainConfig
@@ -109,3 +113,38 @@ def train_pack(
                     results[n] = e
                     del live[n]
     return results  # type: ignore[return-value]
+
+
+def run_footprint(config: TrainConfig, steps: int = 4) -> int:
+    """The peak CUDA memory, in bytes, of one packed run of ``config`` over its first
+    ``steps`` steps (its parameters, the rule's and the workers' states and a gradient
+    call), run in a scratch directory that is then removed.
+
+    Raises:
+        ValueError: when ``config`` does not compute on a CUDA device."""
+    from dana.train.device import resolve_device
+
+    device = resolve_device(config.device)
+    if device.type != "cuda":
+        raise ValueError(f"a run's footprint is measured on a CUDA device, not {device}")
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    with tempfile.TemporaryDirectory(prefix="dana-footprint-") as scratch:
+        run = training(config, Path(scratch) / "run", progress=False, pack=Pack())
+        try:
+            for _ in range(steps):
+                next(run)
+        except StopIteration:
+            pass
+        finally:
+            run.close()
+        torch.cuda.synchronize(device)
+        return max(1, torch.cuda.max_memory_allocated(device) - base)
+
+
+def auto_pack_size(run_bytes: int, free_bytes: int, jobs: int = 1, share: float = 0.5) -> int:
+    """``N`` for ``--pack auto`` on a GPU: the runs of ``run_bytes`` each
+    (:func:`run_footprint`) that fit in ``share`` of ``free_bytes``, split among the
+    sweep's ``jobs`` processes; at least 1."""
+    return max(1, int(share * free_bytes) // (max(1, jobs) * max(1, run_bytes)))
