@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from dana.ps import netlab
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 #: Each benchmark and the pattern of its last line.
@@ -32,12 +34,13 @@ LAST_LINES = {
     "relay_log_memory.py": r"relay log peak resident MB \d+ \(bound MB \d+\)",
     "read_speed.py": r"read speed ratio [\d.]+",
     "pack_throughput.py": r"pack speed-up [\d.]+",
+    "links_vs_sim.py": r"duration error [\d.]+%",
 }
 #: Arguments beside --smoke (bench/gpu.sh's GPU checks, run here on the CPU).
 ARGS = {"gpu_checks.py": ["--device", "cpu"]}
 #: What the benchmarks import: no benchmark of its own.
 HELPERS = {"common.py"}
-NEEDS_RAY = {"ps_throughput.py", "ray_vs_sim.py", "chaos_soak.py"}
+NEEDS_RAY = {"ps_throughput.py", "ray_vs_sim.py", "chaos_soak.py", "links_vs_sim.py"}
 
 pytestmark = pytest.mark.slow
 
@@ -73,6 +76,8 @@ def test_gpu_sh_sim_scale_arguments_run_on_the_cpu():
 def test_benchmark_smoke_run(script):
     if script in NEEDS_RAY:
         pytest.importorskip("ray")
+    if script == "links_vs_sim.py" and (why := netlab.unavailable()):
+        pytest.skip(why)  # (network namespaces: root)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [sys.executable, str(BENCH / script), "--smoke", *ARGS.get(script, [])],
