@@ -16,9 +16,16 @@ not survived):
   third of the deadline, then continued (nothing to repair);
 - ``pause-long``: a server stopped for good (past the deadline: lost, killed and
   replaced as a dead one is);
+- ``worker-stop``: a worker's process stopped with SIGSTOP for good (at most one an
+  episode): the driver's watch finds it hung past the deadline, kills it and drops it
+  from the run, which the other workers finish;
 - ``driver``: every third episode (the second, fifth, ...) runs ``dana train`` as a process of its own, kills
   it with SIGKILL once it has a checkpoint, checks that its Ray processes are gone
   (the reaper: seconds counted), then ``dana train --resume`` completes it.
+
+Shard 0's relay log is bounded small (``--relay-log-bytes``, 1 MiB: two or three of the
+MLP's pushes), so that most calls go through its spill files and trimming frees them;
+an episode whose log spilled nothing counts as failed.
 
 After each episode it checks the accounting (:func:`dana.ps.accounting.check_run`:
 every push applied once on every shard and the standby, the log whole, the metrics rows
@@ -26,7 +33,7 @@ at every evaluation point) and prints the figures: faults by kind, survived (the
 episode completed and its accounting holds), pushes lost and doubled.
 
 Run: ``nice python bench/chaos_soak.py --minutes 10`` (``--smoke``: one short episode
-with five faults, :data:`SMOKE_FAULTS`, to check the script runs). The last line:
+with six faults, :data:`SMOKE_FAULTS`, to check the script runs). The last line:
 
     chaos soak: F faults, S survived, lost L, doubled D
 """
@@ -52,22 +59,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from dana.ps.accounting import check_run, lost_and_doubled  # noqa: E402
 from dana.ps.cluster import WORKER_RESTARTS  # noqa: E402
 from dana.ps.reaper import ray_descendants  # noqa: E402
+from dana.ps.watch import WATCH  # noqa: E402
 from dana.train.config import TrainConfig  # noqa: E402
 from dana.train.records.progress import Progress  # noqa: E402
 from dana.train.records.rundir import RunDir  # noqa: E402
 from dana.train.task.problem import Problem  # noqa: E402
 
-KINDS = ("worker", "shard", "head", "standby", "pause-short", "pause-long")
+KINDS = ("worker", "shard", "head", "standby", "pause-short", "pause-long", "worker-stop")
 #: The smoke run's faults, in order, and no other.
-SMOKE_FAULTS = ["pause-short", "shard", "head", "worker", "pause-long"]
+SMOKE_FAULTS = ["pause-short", "shard", "head", "worker", "worker-stop", "pause-long"]
+#: Shard 0's relay log bound (``--relay-log-bytes``): two or three of the MLP's pushes.
+RELAY_LOG_BYTES = 2**20
 
 
-def settings(seed: int, epochs: float, timeout: float) -> dict[str, Any]:
+def settings(seed: int, epochs: float, timeout: float, log_bytes: int) -> dict[str, Any]:
     return dict(
         algorithm="dana-slim", workers=3, servers=2, dataset="synthetic", model="mlp",
         train_size=1024, test_size=256, epochs=epochs, batch_size=32, lr=0.05,
         warmup_epochs=0.5, backend="ray", time_scale=0.002, checkpoint_every=1.0,
-        server_timeout=timeout, seed=seed,
+        server_timeout=timeout, seed=seed, relay_log_bytes=log_bytes,
     )  # fmt: skip
 
 
@@ -87,6 +97,7 @@ class Chaos(Progress):
         self.done: list[str] = []
         self.paused: list[int] = []
         self.kills = [0] * runner.k  # per worker
+        self.stopped: int | None = None  # the worker stopped for good (one an episode)
 
     def update(self, steps: int, loss: float) -> None:
         shards = self.runner.shards
@@ -95,19 +106,35 @@ class Chaos(Progress):
         if self.only_forced and not self.forced:
             return
         kind = self.forced[0] if self.forced else self.rng.choice(KINDS)
-        if shards.standby is None and kind != "worker" and kind != "shard":
+        if shards.standby is None and kind not in ("worker", "shard", "worker-stop"):
             return  # (shard 0 and the standby only while a standby is in place)
         if self.forced:
             self.forced.pop(0)
         import ray
 
         if kind == "worker":  # (each within its restarts: a worker out of them is gone)
-            able = [i for i, n in enumerate(self.kills) if n < WORKER_RESTARTS // 2]
+            able = [
+                i
+                for i, n in enumerate(self.kills)
+                if n < WORKER_RESTARTS // 2 and i != self.stopped
+            ]
             if not able:
                 return
             i = self.rng.choice(able)
             self.kills[i] += 1
             ray.kill(self.runner.worker_actors[i], no_restart=False)
+        elif kind == "worker-stop":  # (its watch's question is answered on a side thread)
+            if self.stopped is not None:
+                return
+            i = self.rng.randrange(self.runner.k)
+            actor = self.runner.worker_actors[i].__ray_call__.options(concurrency_group=WATCH)
+            try:
+                pid = ray.get(actor.remote(lambda self: os.getpid()), timeout=5)
+            except ray.exceptions.RayError:
+                return  # (restarting: another time)
+            os.kill(pid, signal.SIGSTOP)
+            self.paused.append(pid)
+            self.stopped = i
         elif kind == "shard":
             ray.kill(shards.servers[1], no_restart=True)
         elif kind == "head":
@@ -125,7 +152,7 @@ class Chaos(Progress):
             if kind == "pause-short":
                 threading.Timer(self.timeout / 3, _continue, (pid,)).start()
         self.done.append(kind)
-        wait = self.timeout + 2 if kind == "pause-long" else 1.0
+        wait = self.timeout + 2 if kind in ("pause-long", "worker-stop") else 1.0
         self.next_at = time.time() + wait + self.rng.expovariate(1 / self.gap)
 
 
@@ -141,7 +168,8 @@ def in_process(out: Path, seed: int, args: argparse.Namespace, forced: list[str]
     from dana.errors import DanaError, FaultError
     from dana.ps.driver import RayRun
 
-    config = TrainConfig(**settings(seed, args.epochs, args.timeout)).validate()
+    values = settings(seed, args.epochs, args.timeout, args.relay_log_bytes)
+    config = TrainConfig(**values).validate()
     run = RunDir(out)
     run.path.mkdir(parents=True)
     run.write_config(config.to_dict(), "chaos")
@@ -159,7 +187,12 @@ def in_process(out: Path, seed: int, args: argparse.Namespace, forced: list[str]
         for pid in chaos.paused:
             _continue(pid)
     run.write_summary(summary)
-    return account(out, summary, runner.end, chaos.done, config)
+    result = account(out, summary, runner.end, chaos.done, config)
+    if chaos.forced:  # (the run ended first: the smoke run checked less than it says)
+        result["problems"].append(f"faults not injected before the run's end: {chaos.forced}")
+    if chaos.stopped is not None and chaos.stopped not in runner.calls.lost:
+        result["problems"].append(f"worker {chaos.stopped}, stopped for good, was not dropped")
+    return result
 
 
 def account(out: Path, summary: dict, pushes: int, faults: list[str], config) -> dict:
@@ -169,8 +202,14 @@ def account(out: Path, summary: dict, pushes: int, faults: list[str], config) ->
     expected = [float(e) for e in range(int(config.epochs) + 1)]
     if [r["epoch"] for r in rows] != expected:
         problems.append(f"metrics rows at epochs {[r['epoch'] for r in rows]}, not {expected}")
+    if dist["log_spilled_calls"] == 0:
+        problems.append(f"shard 0's relay log spilled nothing (bound {config.relay_log_bytes})")
     lost, doubled = lost_and_doubled(dist)
-    return {"faults": faults, "problems": problems, "lost": lost, "doubled": doubled}
+    spilled = dist["log_spilled_calls"], dist["log_peak_spilled_bytes"]
+    return {
+        "faults": faults, "problems": problems, "lost": lost, "doubled": doubled,
+        "spilled": spilled,
+    }  # fmt: skip
 
 
 def flags(values: dict[str, Any]) -> list[str]:
@@ -180,7 +219,7 @@ def flags(values: dict[str, Any]) -> list[str]:
 def driver_killed(out: Path, seed: int, args: argparse.Namespace) -> dict:
     """One episode as ``dana train`` processes: SIGKILL once checkpointed, the Ray
     processes reaped, ``--resume`` to the end."""
-    values = settings(seed, args.epochs, args.timeout)
+    values = settings(seed, args.epochs, args.timeout, args.relay_log_bytes)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "dana.cli", "train"]
     proc = subprocess.Popen(
@@ -229,13 +268,17 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=4.0, help="--server-timeout")
     parser.add_argument("--gap", type=float, default=4.0, help="mean seconds between faults")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--relay-log-bytes", type=int, default=RELAY_LOG_BYTES, help="shard 0's log bound"
+    )
     args = parser.parse_args()
     if args.smoke:
-        args.epochs, args.timeout, args.gap = 2.0, 3.0, 0.5
+        args.epochs, args.timeout, args.gap = 3.0, 3.0, 0.5
     tally: Counter[str] = Counter()
     survived: Counter[str] = Counter()
     lost = doubled = episodes = failed = 0
     reaped: list[float] = []
+    spilled_calls = spilled_peak = 0
     started = time.time()
     with TemporaryDirectory(prefix="dana-chaos-") as tmp:
         while episodes == 0 or (not args.smoke and time.time() - started < 60 * args.minutes):
@@ -254,6 +297,8 @@ def main() -> int:
                 survived.update(result["faults"])
             lost, doubled = lost + result["lost"], doubled + result["doubled"]
             reaped += [result["reaped_seconds"]] if "reaped_seconds" in result else []
+            calls, peak = result.get("spilled", (0, 0))
+            spilled_calls, spilled_peak = spilled_calls + calls, max(spilled_peak, peak)
             outcome = result.get("skipped") or result["problems"] or "ok"
             print(f"episode {episodes}: faults {result['faults']}, {outcome}", flush=True)
     minutes = (time.time() - started) / 60
@@ -263,6 +308,10 @@ def main() -> int:
         print(f"| {kind} | {tally[kind]} | {survived[kind]} |")
     if reaped:
         print(f"driver killed: Ray processes gone {min(reaped):.1f} to {max(reaped):.1f} s later")
+    print(
+        f"relay log (bound {args.relay_log_bytes:,} bytes): {spilled_calls:,} calls spilled, "
+        f"at most {spilled_peak / 2**20:.1f} MiB on disk at once"
+    )
     total, ok = sum(tally.values()), sum(survived.values())
     print(f"chaos soak: {total} faults, {ok} survived, lost {lost}, doubled {doubled}")
     return 0 if failed == 0 and lost == doubled == 0 else 1

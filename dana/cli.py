@@ -125,6 +125,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if config.compress != "none" and "push_bytes" in summary
         else ""
     )
+    if config.backend == "ray" and summary.get("sim_time", 0) > 0:  # (wall seconds there)
+        wire += f", {summary['pushes'] / summary['sim_time']:.1f} pushes/s"
     grown = summary.get("workers_at_end", config.workers)
     size = f"{config.workers} workers" + (
         f" ({grown} at the end)" if grown != config.workers else ""
@@ -165,6 +167,12 @@ def cmd_fit_cluster(args: argparse.Namespace) -> int:
         write_text_atomic(args.out, text)
         print(f"wrote {args.out}: replay it with `dana train --cluster {args.out}`")
     return EXIT_OK
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from dana.ps.replay import replay_command
+
+    return replay_command(args.run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -225,6 +233,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="a cycle this many times its worker's median is an absence (default: 10)",
     )
     p.set_defaults(func=cmd_fit_cluster)
+
+    p = sub.add_parser(
+        "replay",
+        help="rebuild a Ray run's final parameters from its records, without Ray",
+        description="Replay a finished `dana train --backend ray` run in one process from "
+        "its replay.npz (the order of the calls its servers ran, each push's worker, "
+        "version and batch) and compare with its model.safetensors: exit status 0 if "
+        "identical, 1 if not, 2 if the run cannot be replayed (docs/DISTRIBUTED.md).",
+    )
+    p.add_argument("run", metavar="RUN_DIR", help="the Ray run's directory")
+    p.set_defaults(func=cmd_replay)
 
     from dana.experiments.cli import register_commands  # sweep, report, leaderboard
 

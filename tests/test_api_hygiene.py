@@ -6,6 +6,7 @@ TensorBoard directory; an unreachable Ray cluster fails within a deadline."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -279,3 +280,109 @@ def test_an_address_where_something_else_listens_is_refused_at_once(monkeypatch,
         thread.join(timeout=5)
         server.close()
     assert time.monotonic() - started < 5
+
+
+# -- Ray's error-level line about actor restarts -----------------------------------------
+FIT_ON_RAY = """
+import json, os, sys, torch, dana
+import ray
+
+DRIVER, MARK, CALLS = os.getpid(), sys.argv[2] + ".died", []
+
+
+def loss_fn(out, y):  # a worker's fifth loss kills its process, once in the run
+    CALLS.append(1)
+    if os.getpid() != DRIVER and len(CALLS) == 5 and not os.path.exists(MARK):
+        open(MARK, "w").close()
+        os._exit(1)
+    return torch.nn.functional.cross_entropy(out, y)
+
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+g = torch.Generator().manual_seed(0)
+x = torch.randn(256, 4, generator=g)
+y = (x[:, 0] > 0).long()
+result = dana.fit(lambda: torch.nn.Linear(4, 2), (x, y), loss_fn=loss_fn, workers=2,
+                  epochs=4, batch_size=16, lr=0.05, backend="ray", time_scale=0.004,
+                  out=sys.argv[1])
+dist = json.loads((result.run_dir / "dist.json").read_text())
+print(json.dumps([dist["failed_run_calls"], dist["shards"][0]["applied"]]))
+"""
+
+
+@pytest.mark.ray
+def test_fit_on_ray_logs_no_actor_restart_error_and_a_restarted_worker_rebuilds(tmp_path):
+    """Ray logs at error level every actor that may restart whose constructor takes an
+    object from its store (``core_worker.cc``: "constructor arguments in the object store
+    and max_restarts > 0"): a worker is built from small values and fetches the user's
+    problem in its first call (dana.ps.worker.Worker), also after Ray restarted it."""
+    pytest.importorskip("ray")
+    done = subprocess.run(
+        [sys.executable, "-c", FIT_ON_RAY, str(tmp_path / "run"), str(tmp_path / "worker")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "constructor arguments in the object store" not in done.stderr, done.stderr[-3000:]
+    assert (tmp_path / "worker.died").exists()
+    failed, applied = json.loads(done.stdout.strip().splitlines()[-1])
+    # a worker died at its first push or so (its call failed), was restarted, and pushed on
+    assert sum(failed) >= 1 and min(applied) >= 3, (failed, applied)
+
+
+def _grpc_server(with_gcs: bool):
+    """A gRPC server on 127.0.0.3 (Ray takes 127.0.0.1 for this machine's outward
+    address): bare, or answering Ray's GCS ``GetClusterId`` and nothing else."""
+    from concurrent import futures
+
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("ray")
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    class Node(gcs_service_pb2_grpc.NodeInfoGcsServiceServicer):
+        def GetClusterId(self, request, context):
+            return gcs_service_pb2.GetClusterIdReply(cluster_id=b"\x01" * 28)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    if with_gcs:
+        gcs_service_pb2_grpc.add_NodeInfoGcsServiceServicer_to_server(Node(), server)
+    port = server.add_insecure_port("127.0.0.3:0")
+    server.start()
+    return server, f"127.0.0.3:{port}"
+
+
+def test_a_grpc_server_that_is_no_ray_gcs_is_refused_at_once(monkeypatch):
+    from dana.ps import cluster
+
+    server, address = _grpc_server(with_gcs=False)
+    monkeypatch.setenv("DANA_CONNECT_TIMEOUT", "2")
+    try:
+        with pytest.raises(DanaError, match="is not a Ray cluster.*has no GCS service"):
+            cluster._check_reachable(address)
+    finally:
+        server.stop(0)
+
+
+def test_joining_a_gcs_where_ray_cannot_connect_ends_at_the_deadline(tmp_path):
+    """A GCS that answers the probes and nothing more: Ray's own connect tried for 40 s;
+    ``dana train --address`` gives up at ``DANA_CONNECT_TIMEOUT`` with status 2, the
+    address named and no run directory left."""
+    import time
+
+    server, address = _grpc_server(with_gcs=True)
+    out = tmp_path / "run"
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "dana.cli", "train", "--backend", "ray", "--address", address,
+             "--workers", "2", "--dataset", "synthetic", "--model", "mlp", "--train-size", "256",
+             "--test-size", "64", "--epochs", "1", "--quiet", "--out", str(out)],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "DANA_CONNECT_TIMEOUT": "3"},
+        )  # fmt: skip
+    finally:
+        server.stop(0)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert time.monotonic() - started < 30
+    assert f"could not join the Ray cluster at --address {address}" in done.stderr
+    assert "did not connect within 3 s (DANA_CONNECT_TIMEOUT" in done.stderr
+    assert not out.exists()

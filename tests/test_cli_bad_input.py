@@ -131,7 +131,7 @@ def resumable(resumable_template, tmp_path) -> Path:
         (["--cluster", "geo", "--timing", "constant"], ["both set the step times"]),
         (["--partition", "dirichlet:0"], ["dirichlet:ALPHA", "ALPHA > 0"]),
         (["--partition", "halves"], ["--partition 'halves'", "shards:N"]),
-        (["--partition", "shards:2", "--backend", "ray"], ["simulated only", "iid"]),
+        (["--partition", "shards:2", "--backend", "ray"], ["its own shuffle", "--backend sim"]),
         (["--partition", "shards:200"], ["shards", "empty"]),
         (["--cluster", "datacenter", "--servers", "100000"], ["--servers 100000", "parameters"]),
     ],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import random
 import tempfile
@@ -16,8 +17,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from conftest import tiny
-from fault_injection import Direct, check_every_shard, run_with_faults
+from fault_injection import Direct, Faults, check_every_shard, run_with_faults
 
 from dana.errors import DanaError
 from dana.ps.head import HeadServer
@@ -149,27 +151,30 @@ class FullDisk(io.BytesIO):
         return super().write(data)
 
 
-def test_a_full_disk_is_a_clear_error_and_the_log_stays_whole(tmp_path, monkeypatch):
-    """ENOSPC on a spill write: a :class:`~dana.errors.DanaError` (exit status 2) naming
-    the directory and the fixes; the call is not logged, nor numbered; once there is
-    space the log goes on from the same number."""
+def test_a_full_disk_keeps_the_log_whole_in_memory_and_says_why(tmp_path, monkeypatch):
+    """ENOSPC on a spill write: the spill files raise a :class:`~dana.errors.DanaError`
+    naming the directory and the fixes; the log keeps that call, and every later one, in
+    memory past its bound, numbered as ever, and holds the message (``full``: the run
+    stops there, its checkpoint taken)."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(tempfile, "TemporaryFile", lambda **kw: FullDisk())
     monkeypatch.setattr(FullDisk, "full", True)
     log = RelayLog(shards=2, limit=2 * 32)
     for n in range(1, 3):
         log.add(Method.PUSH, push(n))  # in memory
-    with pytest.raises(DanaError) as raised:
-        log.add(Method.PUSH, push(3))
-    message = str(raised.value)
-    for words in (str(tmp_path), "Free space", "--relay-log-bytes", "TMPDIR", "--resume"):
-        assert words in message, words
-    assert isinstance(raised.value.__cause__, OSError)
-    assert log.count == 2 and len(log.calls) == 2 and log.disk.calls == 0
-    FullDisk.full = False  # space again: the same call, the same number
+    assert log.full is None
     log.add(Method.PUSH, push(3))
-    assert [entry.number for entry in log.entries()] == [1, 2, 3] and log.disk.calls == 1
-    assert list(log.entries())[-1].args[1].message[0] == 3
+    for words in (str(tmp_path), "no space left", "free space", "--relay-log-bytes", "TMPDIR"):
+        assert words in log.full, words
+    FullDisk.full = False  # (once full, the log no longer tries the disk)
+    log.add(Method.PUSH, push(4))
+    assert log.disk.calls == 0 and log.bytes == 4 * 32 > log.limit
+    assert [entry.number for entry in log.entries()] == [1, 2, 3, 4]
+    assert [entry.args[1].message[0] for entry in log.entries()] == [1, 2, 3, 4]
+    FullDisk.full = True
+    with pytest.raises(DanaError) as raised:
+        log.disk.put(next(log.entries()))
+    assert isinstance(raised.value.__cause__, OSError) and "no space left" in str(raised.value)
 
 
 def test_another_write_error_is_not_taken_for_a_full_disk(monkeypatch):
@@ -197,3 +202,47 @@ def test_a_shard_rebuilt_from_a_spilled_log_on_ray_is_exact(local_ray, tmp_path)
     dist = check_every_shard(runner, steps=3 * 32)
     assert [r["shard"] for r in dist["shards_rebuilt"]] == [1]
     assert dist["log_spilled_calls"] > 0 and dist["log_peak_bytes"] <= 4096
+
+
+@pytest.mark.ray
+def test_a_full_disk_on_ray_ends_the_run_with_a_checkpoint_that_resumes(local_ray, tmp_path):
+    """A real run whose head spills every push (a bound of 4 KB): from step 30 its spill
+    files lie on ``/dev/full`` (every write fails with the system's ENOSPC). The run ends
+    with a :class:`~dana.errors.WriteError` (exit status 2) naming the disk and the fixes
+    and a checkpoint of that moment, consistent on every shard; ``--resume`` with space
+    again finishes it, every push applied once on every shard."""
+    from dana.errors import WriteError
+    from dana.ps.accounting import check_run
+    from dana.train.training import train
+
+    def onto_dev_full(server: Any) -> None:  # (run in the head's process)
+        import tempfile
+
+        tempfile.TemporaryFile = lambda **kw: open("/dev/full", "w+b")  # noqa: SIM115
+        server.relay.log.disk.segment = 0  # (the next spill opens a new file)
+
+    class FullDiskAt(Faults):
+        def update(self, steps: int, loss: float) -> None:
+            if self.actions and steps >= self.actions[0][0]:
+                head = self.runner.shards.servers[0]
+                ray.get(head.__ray_call__.remote(onto_dev_full))
+                self.done.append(self.actions.pop(0))
+
+    import ray
+
+    config = tiny(algorithm="dana-slim", workers=2, servers=2, time_scale=0.0005,
+                  relay_log_bytes=4096)  # fmt: skip
+    out = tmp_path / "run"
+    with pytest.raises(WriteError) as raised:
+        run_with_faults(config, out, [(30, "full")], FullDiskAt)
+    message = str(raised.value)
+    for words in ("no space left on the disk", "--relay-log-bytes", "TMPDIR", "--resume"):
+        assert words in message, message
+    stopped = int(message.split("a checkpoint at step ")[1].split(":")[0])
+    assert 30 <= stopped < 3 * 32, message
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert {int(s["steps"]) for s in saved["servers"]} == {stopped}  # every shard alike
+    summary = train(config, out, resume=True, progress=False)
+    dist = json.loads((out / "dist.json").read_text())
+    problems = check_run(dist, summary, 3 * 32)
+    assert not problems, problems

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,13 +93,68 @@ def test_a_sigtermed_ray_run_checkpoints_exits_75_and_resumes_exactly(tmp_path):
     assert 0 < stopped < 3 * 32, line
 
     resumed = start("train", "--resume", str(out), "--quiet")
-    _, err = resumed.communicate(timeout=400)
+    said, err = resumed.communicate(timeout=400)
     assert resumed.returncode == 0, err
     dist = json.loads((out / "dist.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
+    rate = summary["pushes"] / summary["sim_time"]  # (a Ray run's time: wall seconds)
+    assert f", {rate:.1f} pushes/s. Results in" in said.splitlines()[-1]
     problems = check_run(dist, summary, 3 * 32)  # every push applied once on both shards
     assert not problems, problems
     assert all(shard["duplicates"] == 0 for shard in dist["shards"])  # none redone
+
+
+def started(proc: subprocess.Popen, names: tuple[str, ...]) -> Callable[[], bool]:
+    """Whether a process under ``proc`` has a name beginning with one of ``names``."""
+
+    def name(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            return ""
+
+    def seen() -> bool:
+        return any(name(pid).startswith(names) for pid in descendants(proc.pid) - {proc.pid})
+
+    return seen
+
+
+@pytest.mark.ray
+@needs_ray
+@pytest.mark.parametrize(
+    "moment, names",
+    [("ray.init", ("gcs_server",)), ("the actors", ("ray::HeadServer", "ray::ShardServe"))],
+    ids=["in-ray-init", "actors-starting"],
+)
+def test_a_sigterm_while_the_run_starts_exits_75_and_leaves_a_run_to_resume(
+    tmp_path, moment, names
+):
+    """While ``ray.init`` starts the node (its GCS is up) or the servers' actors start,
+    SIGTERM ends the start at once: status 75 and the one preemption line (Ray's own
+    handler would exit 15 without a word), no checkpoint, no Ray process left, the run
+    directory holding its config.json alone; ``--resume`` then runs it from the start."""
+    out = tmp_path / "run"
+    proc = start(*RUN, "--epochs", "1", "--out", str(out))
+    wait_for(started(proc, names), proc, f"{moment} under way", timeout=120)
+    ours = descendants(proc.pid) - {proc.pid}
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_PREEMPTED, err
+    assert "Traceback" not in err, err
+    (line,) = [x for x in err.splitlines() if x.startswith("dana:")]
+    assert "preempted by SIGTERM while the run was starting: no checkpoint written" in line
+    assert f"from the beginning (no checkpoint yet) with `dana train --resume {out}`" in line
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+    deadline = time.time() + 10
+    while time.time() < deadline and any(alive(pid) for pid in ours):
+        time.sleep(0.2)
+    assert not {pid: command(pid) for pid in ours if alive(pid)}, "Ray processes left behind"
+    if moment == "ray.init":
+        resumed = start("train", "--resume", str(out), "--quiet")
+        _, err = resumed.communicate(timeout=400)
+        assert resumed.returncode == 0, err
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["pushes"] == 32 and not summary["diverged"]
 
 
 @pytest.mark.ray

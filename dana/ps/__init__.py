@@ -9,12 +9,15 @@
   and the other shards (:mod:`dana.ps.relay`), the standby (a head in waiting); its
   roles (head, standby, deposed) and their transitions in :mod:`dana.ps.roles`;
 - :mod:`dana.ps.worker`, :mod:`dana.ps.link`: a worker (model replica, its own data
-  stream, a worker rule) and its calls to the head;
+  stream, a worker rule; its pushes made by :mod:`dana.ps.steps`) and its calls to the
+  head;
 - :mod:`dana.ps.driver`: ``dana train --backend ray``'s driver (:class:`RayRun`), with
   its shard group (:mod:`dana.ps.group`: starting, watching, promoting and rebuilding
   the servers, each built from :mod:`dana.ps.settings`; :mod:`dana.ps.standby`: the
   head's standby) and its evaluation and checkpoint points (:mod:`dana.ps.points`);
 - :mod:`dana.ps.recovery`: rebuilding a lost shard from a snapshot and shard 0's log;
+- :mod:`dana.ps.calls`, :mod:`dana.ps.replay`: the record of the calls the head passed
+  on, and ``dana replay``: a finished run rebuilt from it in one process, without Ray;
 - :mod:`dana.ps.membership`: workers that leave for good and workers added while the
   run goes on (the driver's side; the servers' is the relayed ``relay_member`` call);
 - :mod:`dana.ps.emulation`: a cluster model (``--cluster``) lived in real time by each

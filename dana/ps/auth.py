@@ -53,8 +53,9 @@ def local_token() -> str | None:
 def probe(address: str, token: str | None) -> str | None:
     """Ask the GCS at ``HOST:PORT`` for its cluster id with ``token`` (None: without).
 
-    Returns ``"ok"``, ``"refused"`` (the token is missing or wrong) or None (no answer
-    that says anything about tokens).
+    Returns ``"ok"``, ``"refused"`` (the token is missing or wrong), ``"no-gcs"`` (a
+    gRPC server without Ray's GCS service answered) or None (no answer that says
+    anything about tokens).
     """
     try:
         import grpc
@@ -70,7 +71,11 @@ def probe(address: str, token: str | None) -> str | None:
         )
         return "ok"
     except grpc.RpcError as e:
-        return "refused" if e.code() == grpc.StatusCode.UNAUTHENTICATED else None
+        answers = {
+            grpc.StatusCode.UNAUTHENTICATED: "refused",
+            grpc.StatusCode.UNIMPLEMENTED: "no-gcs",
+        }
+        return answers.get(e.code())
     finally:
         channel.close()
 

@@ -27,12 +27,15 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 from dana.errors import ConfigError, DanaError
+from dana.train.records import preempt
 
 #: How often Ray restarts a worker that crashed before the run gives up on it.
 WORKER_RESTARTS = 8
@@ -60,7 +63,10 @@ def import_ray() -> Any:
 def ray_session(address: str | None, actors: int) -> Iterator[None]:
     """Connect to (or start) Ray for one run; shut down what this call started. A Ray
     this process has initialised already is used as it is; a cluster ``address`` other
-    than the one it is connected to is refused (DanaError)."""
+    than the one it is connected to is refused (DanaError). The process's SIGTERM
+    handler (a run's preemption, :mod:`dana.train.records.preempt`) stays in place while
+    Ray starts (:func:`_own_sigterm`); a local Ray is not started again after a signal,
+    so the caller, who looks at ``preempt.requested()`` first, stops the run at once."""
     ray = import_ray()
     if ray.is_initialized():
         current = ray.get_runtime_context().gcs_address
@@ -87,7 +93,7 @@ def ray_session(address: str | None, actors: int) -> Iterator[None]:
             from dana.ps.auth import check_token
 
             check_token(address)
-            ray.init(address=address, **options)
+            _join(ray, address, options)
         else:
             _start_local(ray, max(os.cpu_count() or 1, actors), options)
     except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as e:
@@ -103,6 +109,37 @@ def ray_session(address: str | None, actors: int) -> Iterator[None]:
             pipe.close()  # the reaper ends what Ray left behind
 
 
+def _join(ray: Any, address: str, options: dict[str, Any]) -> None:
+    """``ray.init`` of the cluster at ``address``, given up after :func:`connect_timeout`
+    (Ray itself retries for minutes where a GCS answers and the rest does not): then
+    DanaError naming the address, this process's Ray shut down again. The deadline is a
+    timer (SIGALRM) in the main thread only; elsewhere Ray's own retries bound it."""
+    timeout = connect_timeout()
+
+    def expired(signum: int, frame: Any) -> None:
+        raise TimeoutError
+
+    timed = threading.current_thread() is threading.main_thread()
+    if timed:
+        previous = signal.signal(signal.SIGALRM, expired)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        with _own_sigterm(ray):
+            ray.init(address=address, **options)
+    except TimeoutError:
+        ray.shutdown()
+        raise DanaError(
+            f"could not join the Ray cluster at --address {address}: Ray did not connect "
+            f"within {timeout:g} s ({CONNECT_TIMEOUT_VAR} sets the deadline); check that it "
+            "is the address `ray start --head` printed and that this machine reaches the "
+            "cluster's nodes (see docs/DISTRIBUTED.md)"
+        ) from None
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
 #: Times a local Ray is started before the run gives up (Ray gives its node manager 30 s
 #: to register, which a machine under a heavy load can miss).
 START_ATTEMPTS = 3
@@ -113,7 +150,7 @@ def _start_local(ray: Any, cpus: int, options: dict[str, Any]) -> None:
     and started again (:data:`START_ATTEMPTS` in all), then RuntimeError."""
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
-            with _loopback(ray):
+            with _loopback(ray), _own_sigterm(ray):
                 ray.init(
                     address="local",
                     num_cpus=cpus,
@@ -126,6 +163,8 @@ def _start_local(ray: Any, cpus: int, options: dict[str, Any]) -> None:
             if "timed out during startup" not in str(e):
                 raise
             ray.shutdown()
+            if preempt.requested():
+                return  # (no Ray: the caller stops the run)
             if attempt == START_ATTEMPTS:
                 raise RuntimeError(
                     f"its node did not start in {START_ATTEMPTS} attempts ({e}); the machine "
@@ -145,6 +184,28 @@ def local_system_config() -> dict[str, Any]:
     kept (Ray's system config would override it).
     """
     return {} if "RAY_worker_niceness" in os.environ else {"worker_niceness": 0}
+
+
+@contextlib.contextmanager
+def _own_sigterm(ray: Any) -> Iterator[None]:
+    """Keep the process's SIGTERM handler while ``ray.init`` runs.
+
+    Ray (2.60) installs its own as ``ray.init`` begins, which exits at once
+    (``sys.exit(15)``: status 15, no message, the run directory as it was); a signal
+    while Ray starts would never reach dana's (:mod:`dana.train.records.preempt`: a
+    message and status 75). Ray's installer is a no-op meanwhile; if it is gone in another
+    Ray version, nothing is changed (the driver installs dana's again after ``ray.init``).
+    """
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    if utils is None or not hasattr(utils, "set_sigterm_handler"):
+        yield
+        return
+    before = utils.set_sigterm_handler
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = before
 
 
 #: The address a local Ray binds to and advertises.
@@ -258,11 +319,14 @@ def _check_reachable(address: str) -> None:
             "with `ray start --head` on that machine, or check the address (see "
             "docs/DISTRIBUTED.md)"
         ) from None
-    if not speaks_grpc:
+    from dana.ps.auth import probe
+
+    if not speaks_grpc or probe(f"{host}:{port}", None) == "no-gcs":
+        why = "does not answer HTTP/2" if not speaks_grpc else "has no GCS service"
         raise DanaError(
             f"--address {address}: what listens there is not a Ray cluster (its GCS speaks "
-            "gRPC, and this does not answer HTTP/2); give the address `ray start --head` "
-            "printed (its --port, 6379 by default)"
+            f"gRPC, and this {why}); give the address `ray start --head` printed (its "
+            "--port, 6379 by default)"
         )
 
 

@@ -67,8 +67,9 @@ from torch import Tensor
 
 from dana.algorithms.base import Algorithm
 from dana.atomic import write_text_atomic
-from dana.errors import ConfigError, FaultError
+from dana.errors import ConfigError, FaultError, WriteError
 from dana.ps.accounting import WorkerCalls, dist_counters
+from dana.ps.calls import REPLAY_FILE, CallBook, write_calls
 from dana.ps.checkpoint import build_state, check_state, to_numpy
 from dana.ps.cluster import (
     READY_SECONDS,
@@ -137,6 +138,9 @@ class RayRun:
         self.wait_time = 0.0
         self.members = Membership(config, run.path)  # who is in the run (dana.ps.membership)
         self.calls = WorkerCalls.of(self.members.k_max)  # the workers' run() calls
+        self.book = CallBook()  # the calls the head passed on (dana.ps.calls: dana replay)
+        self.points.book = self.book
+        self.admitted = self.members.started  # worker indices the head has handed out
         self.cpus = 1.0  # logical CPUs per actor (fewer when the cluster is short)
 
     @property
@@ -184,6 +188,7 @@ class RayRun:
         self.steps, self.updates = int(first["steps"]), int(first["updates"])
         self.pushes = int(first["pushes"])
         self.members.resume(first)
+        self.book.load_state_dict(state.get("calls"))  # (absent before dana replay)
 
     # -- the run ------------------------------------------------------------------------
     def execute(self, progress: Progress) -> dict[str, Any]:
@@ -195,7 +200,9 @@ class RayRun:
         startup = time.time()
         with ray_session(self.config.address, self.actors):
             self.ray = ray = import_ray()
-            preempt.install()  # (ray.init replaced the SIGTERM handler with its own)
+            preempt.install()  # (in case ray.init replaced the SIGTERM handler with its own)
+            if preempt.requested():  # (while Ray started: dana.ps.cluster.ray_session)
+                raise preempt.preempted_at_start(str(self.run.path), self.run.checkpoint.is_file())
             try:
                 self._start_actors()
                 self.start = time.time()
@@ -245,6 +252,7 @@ class RayRun:
             self.merger.log.worker.tolist(),
             self.merger.members.tolist(),
         )
+        write_calls(self.run.path / REPLAY_FILE, self.book)
         end = Position(self.epoch, self.updates, self.pushes, sim_time)
         return summarize(
             self.config,
@@ -301,11 +309,11 @@ class RayRun:
             timeout=self.config.server_timeout,
         )
         self.shards.create()
-        # A user's problem (dana.fit) goes to the workers once, through the object store;
-        # its reference is held here for the run, so that a restarted worker finds it too
-        # (Ray warns that restarts need the arguments in the object store: they are).
+        # A user's problem (dana.fit) goes to the workers through the object store, its
+        # reference held here for the run and sent with every call that may be a new
+        # process's first (never a constructor argument: dana.ps.worker.Worker)
         spec = self.problem.spec
-        self.spec_ref = None if spec is None else ray.put(spec)
+        self.source = None if spec is None else [ray.put(spec)]
         gpus = worker_gpus(ray, self.config.device, self.members.k_max)
         # (a side thread answers the driver's questions: dana.ps.watch)
         self.worker_cls = ray.remote(concurrency_groups=WATCH_GROUPS)(Worker).options(
@@ -317,31 +325,43 @@ class RayRun:
         deadline = time.time() + READY_SECONDS
         self.shards.start(deadline)
         self.shards.wait_ready(
-            {f"worker{i}": w.ready.remote() for i, w in enumerate(workers)}, deadline
+            {f"worker{i}": w.setup.remote(self.source) for i, w in enumerate(workers)}, deadline
         )
         self.shards.attach_standby()
 
     def _worker(self, i: int) -> Any:
         """Worker ``i``'s actor (created: it starts meanwhile)."""
-        args = (self.config.to_dict(), i, self.shards.names, self.d, self.spec_ref)
-        return self.worker_cls.remote(*args, self.algorithm)
+        args = (self.config.to_dict(), i, self.shards.names, self.d, self.algorithm)
+        return self.worker_cls.remote(*args)
+
+    def _loop(self, i: int, round_index: int | None = None) -> Any:
+        """Worker ``i``'s ``run`` call: its loop, or synchronous round ``round_index``;
+        with the problem's source (the call may be a restarted process's first)."""
+        worker = self.worker_actors[i]
+        if round_index is None:
+            return worker.run.remote(clock_zero=self.clock_zero, source=self.source)
+        return worker.run.remote(round_index, source=self.source)
 
     def _grow(self, running: dict[Any, int]) -> None:
-        """Add the workers due now (:meth:`Membership.due`): each joins the run on the
-        servers (``master.join``), then its actor starts and runs."""
-        for _ in range(self.members.due(self.steps)):
+        """Start the workers the head has admitted (``--grow-at``, at its step), after
+        asking it to admit those requested now (:meth:`Membership.due`): each has joined
+        the run on the servers (``master.join``); its actor starts and runs."""
+        n = self.members.due()
+        if n:
+            admitted = self.shards.on_head(lambda head: head.relay_admit.remote(n))
+            self.admitted = max(self.admitted, admitted)
+        while self.members.started < self.admitted:
             i = self.members.next_index()
-            self.shards.on_head(lambda head, i=i: head.relay_member.remote(i, True))
             self.members.joined(i, self.steps, "added")
             self.worker_actors.append(self._worker(i))
             self.watch.started(i)
-            running[self.worker_actors[i].run.remote(clock_zero=self.clock_zero)] = i
+            running[self._loop(i)] = i
 
     def _run_free(self, progress: Progress) -> None:
         """Asynchronous algorithms: every worker loops until the servers say stop (or
         that it is not in the run: ``"gone"``); workers are added as they are due."""
         ray, workers = self.ray, self.worker_actors
-        running = {w.run.remote(clock_zero=self.clock_zero): i for i, w in enumerate(workers)}
+        running = {self._loop(i): i for i in range(len(workers))}
         while running:
             if preempt.requested():
                 self._preempt(progress, list(running))
@@ -352,8 +372,10 @@ class RayRun:
                 if finished is None:
                     self._drop(i, "out of restarts")
                 elif finished is False and self.points.diverged_at is None:
-                    running[workers[i].run.remote(clock_zero=self.clock_zero)] = i
+                    running[self._loop(i)] = i
             self._poll()
+            if self.shards.log_full is not None:
+                self._full_disk(progress, list(running))
             if self.points.diverged_at is None and self.steps < self.end:  # (none after the end)
                 self._grow(running)
             self.points.process(progress, stop=self.shards.stop)
@@ -378,7 +400,7 @@ class RayRun:
         while self.steps < self.end and self.points.diverged_at is None:
             if preempt.requested():  # (between rounds: a checkpoint holds whole rounds)
                 self._preempt(progress, [])
-            running = {w.run.remote(round_index): i for i, w in enumerate(workers)}
+            running = {self._loop(i, round_index): i for i in range(len(workers))}
             while running:
                 done, _ = ray.wait(list(running), num_returns=len(running), timeout=POLL_SECONDS)
                 if not done:  # (a lost head is noticed here, and its standby promoted)
@@ -390,11 +412,13 @@ class RayRun:
                         why = f"died and cannot be restarted (max_restarts {WORKER_RESTARTS})"
                         self._cannot_go_on(i, why, progress, list(running))
                     if finished is False:
-                        running[workers[i].run.remote(round_index)] = i
+                        running[self._loop(i, round_index)] = i
                 for i in self._hung(running):
                     self._cannot_go_on(i, "did not answer", progress, list(running))
             round_index += 1
             self._poll()
+            if self.shards.log_full is not None:
+                self._full_disk(progress, [])
             self.points.process(progress, stop=self.shards.stop)
             self._show(progress)
 
@@ -414,6 +438,25 @@ class RayRun:
             f"worker {i} {why}; {self.config.algorithm} cannot go on without it: "
             f"checkpoint written at step {steps}; continue with "
             f"`dana train --resume {self.run.path}`"
+        )
+
+    def _full_disk(self, progress: Progress, running: list[Any]) -> None:
+        """Shard 0's relay log (or its standby's) could not spill: its disk is full
+        (:class:`~dana.ps.recovery.RelayLog`; the head takes no more calls). Checkpoint
+        this moment (:meth:`_checkpoint_now`) and raise :class:`~dana.errors.WriteError`
+        (exit status 2) with the fixes; a checkpoint that cannot be written either leaves
+        the previous one as it was, and the message says so."""
+        full, resume = self.shards.log_full, f"`dana train --resume {self.run.path}`"
+        try:
+            steps = self._checkpoint_now(progress, running)
+        except WriteError as e:  # (its text: the previous checkpoint kept, and --resume)
+            raise WriteError(
+                f"{full}; the run stopped, and its checkpoint could not be written either: "
+                f"{e.strerror or e}"
+            ) from None
+        raise WriteError(
+            f"{full}; the run stopped with a checkpoint at step {steps}: once there is "
+            f"space, continue with {resume}"
         )
 
     def _checkpoint_now(self, progress: Progress, running: list[Any]) -> int:
@@ -442,6 +485,7 @@ class RayRun:
             self._wall(),
             self.points.buffers,
         )
+        state["calls"] = self.book.state_dict(cut=-1)
         self.run.save_checkpoint(state)
         progress.close()
         return int(states[0]["steps"])
@@ -501,8 +545,11 @@ class RayRun:
                 self.merger.add(s, reply["log"])
                 self.points.take(s, reply["snapshots"])
         head = replies[0]
+        self.book.add(self.shards.standby_calls)
         if head is None:  # the head and then its standby lost in one poll: no news
             return
+        self.book.add(head["calls"])
+        self.admitted = max(self.admitted, head["started"])
         self.steps, self.updates, self.pushes = head["steps"], head["updates"], head["pushes"]
         self.wait_time = head["wait_time"]
         self.points.check_divergence()

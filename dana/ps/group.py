@@ -39,6 +39,7 @@ from dana.ps.head import HeadServer
 from dana.ps.settings import ServerArgs
 from dana.ps.shard import ShardServer
 from dana.ps.standby import Standby
+from dana.train.records import preempt
 from dana.train.records.rundir import RunDir
 
 #: Seconds between two looks of the driver at the servers.
@@ -87,6 +88,7 @@ class ShardGroup:
         self.recovery: dict[int, dict[str, Any]] = {}  # shard s >= 1's latest snapshot
         self.placement: dict[str, dict[str, str]] = {}  # actor -> its node
         self.rebuilt: list[dict[str, Any]] = []  # one record per shard rebuilt
+        self.log_full: str | None = None  # a relay log's full disk, as the last poll found
 
     @property
     def standby(self) -> Any:
@@ -128,10 +130,14 @@ class ShardGroup:
         """Wait for actors' ``ready`` replies (by name: servers', then workers') and note
         where each started; the servers lost as they started (killed, their process or
         node lost). DanaError if one's constructor raised, a worker was lost, or they are
-        not all up by ``deadline``."""
-        ray = self.ray
-        timeout = max(0.0, deadline - time.time())
-        done, _ = ray.wait(list(ready.values()), num_returns=len(ready), timeout=timeout)
+        not all up by ``deadline``; :class:`~dana.errors.Preempted` at a signal meanwhile
+        (:func:`~dana.train.records.preempt.preempted_at_start`)."""
+        ray, done = self.ray, []
+        while len(done) < len(ready) and time.time() < deadline:
+            if preempt.requested():
+                raise preempt.preempted_at_start(str(self.run.path), self.run.checkpoint.is_file())
+            timeout = min(POLL_SECONDS, max(0.0, deadline - time.time()))
+            done, _ = ray.wait(list(ready.values()), num_returns=len(ready), timeout=timeout)
         if len(done) < len(ready):
             raise DanaError(
                 f"the run's {self.S + int(self.with_standby) + self.workers} Ray actors "
@@ -280,12 +286,17 @@ class ShardGroup:
         # standby); so its log entries and snapshots are dropped, unless the head was
         # lost before its reply, when they stand for the head's (the merger drops repeats).
         spare = self.spare.ask(lambda standby: standby.poll.remote())
+        self.standby_calls = None if spare is None else spare["calls"]  # (dana.ps.calls)
         if spare is not None and spare["recovery"] is not None:
             # (kept before a promotion below: the new standby is built from it)
             self._keep_snapshot(0, spare["recovery"])
         replies = self.each(lambda server: server.poll.remote())
         if replies[0] is None:
             replies[0] = spare
+        # (the head's or the standby's relay log that found its disk full: the run ends)
+        self.log_full = next(
+            (r["log_full"] for r in (replies[0], spare) if r and r["log_full"]), None
+        )
         for s, reply in enumerate(replies[1:], start=1):
             if reply is not None and reply["recovery"] is not None:
                 self._keep_snapshot(s, reply["recovery"])

@@ -119,7 +119,7 @@ class HeadServer(ShardServer):
         reply = self.pull(worker, join)
         if reply.status is not Status.PARAMS:
             return HeadPull(*reply, [])
-        self.relay.pull(worker)
+        self.relay.pull(worker, self.records.joins[worker])
         others = self._flush()
         if others is None:
             return HeadPull(Status.NOT_HEAD, None, math.nan, 0, 0, [])
@@ -148,7 +148,7 @@ class HeadServer(ShardServer):
         status, params, lr = self.exchange(parts[0])
         self._pass_on(status, parts)
         if params is not None:
-            self.relay.pull(parts[0].worker)
+            self.relay.pull(parts[0].worker, self.records.joins[parts[0].worker])
         others = self._flush()
         if others is None:
             return HeadExchange(Status.NOT_HEAD, None, math.nan, [])
@@ -166,6 +166,19 @@ class HeadServer(ShardServer):
                 return HeadPushed(Status.NOT_HEAD, math.nan)
         return HeadPushed(status, self.lr())
 
+    def relay_admit(self, n: int) -> int:
+        """Admit ``n`` more workers now (a request in the run directory), at the next
+        indices, as many as there is room for: :meth:`relay_member` of each. How many
+        indices are handed out now (the driver starts their actors); -1 if not the head."""
+        if not self.mode.serves:
+            return -1
+        for _ in range(min(n, self.k_max - self.started)):
+            if self.member(self.started, True) is Status.APPLIED:
+                self.relay.member(self.started - 1, True)
+        if self._flush() is None:
+            return -1
+        return self.started
+
     def member(self, worker: int, join: bool) -> Status:
         status = super().member(worker, join)
         if status is Status.APPLIED and not join and self.gate is not None:
@@ -182,10 +195,18 @@ class HeadServer(ShardServer):
         standby, promoted, refused them): it answers every worker ``"not-head"`` from
         then on, and its own state, ahead of the run's by this call, is never read."""
         try:
-            return self.relay.flush()[-1]
+            others = self.relay.flush()[-1]
         except Deposed:
             self.mode = self.mode.deposed()
             return None
+        if self.log_full is not None and self.mode.serves:
+            self.stopped = True  # (no more calls taken: the driver ends the run, RelayLog)
+        return others
+
+    @property
+    def log_full(self) -> str | None:
+        """Why this server's relay log could not spill (its disk is full), or None."""
+        return None if self.relay.log is None else self.relay.log.full
 
     # -- the gate -------------------------------------------------------------------------
     def pull(self, worker: int, join: bool = False) -> Pulled:
@@ -221,6 +242,7 @@ class HeadServer(ShardServer):
         if not self.mode.follows:
             return False
         for entry in entries:
+            self.relay.record.take(entry)
             self.relay.log.append(entry)
             if entry.number > self.counts.calls:
                 self.relayed(entry.call(0))
@@ -268,6 +290,15 @@ class HeadServer(ShardServer):
 
     def relay_counters(self) -> dict[str, int]:
         return self.relay.counters()
+
+    def poll(self) -> dict[str, Any]:
+        """:meth:`~dana.ps.shard.ShardServer.poll`, with the calls' record
+        (:mod:`dana.ps.calls`) and :attr:`log_full`."""
+        return {
+            **super().poll(),
+            "calls": self.relay.record.drain(),
+            "log_full": self.log_full,
+        }
 
     def stop(self) -> list[Any]:
         """Stop; also stop the standby and the other shards, after every call relayed to

@@ -10,17 +10,19 @@ replays it; the head then answers every call of a worker not in the run ``"gone"
   gone by the driver: ``master.leave(i, lr)``; the run no longer waits for it. A worker
   of an emulated cluster (:mod:`dana.ps.emulation`) leaves and returns on its own, at
   its model's times, with the same call.
-- **Added**: ``--grow-at STEP:N`` (once the run has taken ``STEP`` steps) or a request
-  written to ``RUN/add-workers`` (its text: how many; the driver reads and removes it
-  at its next poll, every 0.2 s). A new worker takes the next index never used (``k,
-  k+1, ...``; the rules were built for ``k_max = --max-workers``, the workers beyond
-  ``k`` outside the run from the start): the driver tells the master
-  (``master.join(i)``), then starts its actor, whose first pull is a fresh one.
-  Requests beyond ``k_max`` are refused with a message on stderr (the rules cannot
-  grow).
+- **Added**: ``--grow-at STEP:N``: every shard admits them within the call that
+  applies step ``STEP`` (:meth:`dana.ps.shard.ShardServer._reached`), whatever the
+  driver's polls; or a request written to ``RUN/add-workers`` (its text: how many; the
+  driver reads and removes it at its next poll, every 0.2 s, and asks the head,
+  ``relay_admit``). A new worker takes the next index never used (``k, k+1, ...``; the
+  rules were built for ``k_max = --max-workers``, the workers beyond ``k`` outside the
+  run from the start): the master hears first (``master.join(i)``), then the driver
+  starts its actor (seeing ``started`` in the head's poll), whose first pull is a fresh
+  one. Requests beyond ``k_max`` are refused with a
+  message on stderr (the rules cannot grow).
 
 :class:`Membership` keeps the live set the driver believes (the servers' is the truth:
-``live`` in ``dist.json``), the planned and requested growth, and the events, which go
+``live`` in ``dist.json``), the requested growth, and the events, which go
 to ``dist.json`` (``membership``) and, per push, ``members.csv`` (who was live).
 """
 
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dana.atomic import write_text_atomic
-from dana.train.rules.members import ADD_WORKERS_FILE, capacity, parse_grow_at
+from dana.train.rules.members import ADD_WORKERS_FILE, capacity
 
 
 class Membership:
@@ -42,28 +44,22 @@ class Membership:
         self.k, self.k_max = config.workers, capacity(config)
         self.started = self.k  # worker indices handed out so far
         self.live = set(range(self.k))
-        self.planned = parse_grow_at(config.grow_at)
         self.request = run_path / ADD_WORKERS_FILE
         self.events: list[dict[str, Any]] = []
         self.refused = 0  # workers asked for beyond k_max
 
     def resume(self, saved: dict[str, Any]) -> None:
-        """Continue from a checkpoint's shard 0 (its ``live``, ``joins``, ``steps``): the
-        workers ever started are started again (those not live answer ``gone`` at once),
-        and the growth planned before its steps is done already."""
+        """Continue from a checkpoint's shard 0 (its ``live``, ``joins``): the workers
+        ever started are started again (those not live answer ``gone`` at once)."""
         live = [bool(x) for x in saved.get("live", [True] * self.k)]
         used = [i for i, (j, x) in enumerate(zip(saved["joins"], live)) if j > 0 or x]
         self.started = max([self.k, *(i + 1 for i in used)])
         self.live = {i for i, x in enumerate(live) if x}
-        self.planned = [(at, n) for at, n in self.planned if at > int(saved["steps"])]
 
-    def due(self, steps: int) -> int:
-        """How many workers to add now: the planned growth reached at ``steps`` and any
-        request in the run directory, up to the room left."""
-        n = 0
-        while self.planned and self.planned[0][0] <= steps:
-            n += self.planned.pop(0)[1]
-        n += self._requested()
+    def due(self) -> int:
+        """How many workers to add now: a request in the run directory, up to the room
+        left (the planned growth is the head's)."""
+        n = self._requested()
         room = self.k_max - self.started
         if n > room:
             self.refused += n - room

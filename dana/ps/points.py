@@ -53,6 +53,7 @@ class Points:
         self.pending: list[int] = []  # the points still to process, in order
         self.evals: set[int] = set()
         self.checkpoints: set[int] = set()
+        self.book: Any = None  # the driver's CallBook (dana.ps.calls), saved with a checkpoint
         self.snapshots: list[list[dict[str, Any]]] = [[] for _ in range(servers)]
         self.last_point = [-1] * servers  # the last point received from each shard
         self.rows: list[dict[str, float]] = []
@@ -127,6 +128,8 @@ class Points:
                     snaps[0]["time"],
                     self.buffers,
                 )
+                if self.book is not None:  # (the calls that led to it: dana replay)
+                    state["calls"] = self.book.state_dict(cut=snaps[0]["steps"])
                 self.run.save_checkpoint(state)
 
     def _evaluate(self, snaps: list[dict[str, Any]]) -> dict[str, float]:

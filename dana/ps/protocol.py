@@ -109,7 +109,9 @@ class Push:
     shard's probe coordinates of it: :func:`split`), to measure the gap against the
     true ``theta``; ``buffers``: the model's buffers (BatchNorm statistics);
     ``compute``: the seconds the worker spent on the step (its gradient and message,
-    with the emulated step time's pad), without the exchange with the servers."""
+    with the emulated step time's pad), without the exchange with the servers;
+    ``batch``: the number of its batch in the worker's stream of this process (from 0;
+    -1: not said), for :mod:`dana.ps.replay`."""
 
     worker: int
     seq: int
@@ -118,6 +120,7 @@ class Push:
     offset: np.ndarray | None = None
     buffers: dict[str, np.ndarray] | None = None
     compute: float = math.nan
+    batch: int = -1
 
     def copy(self) -> Push:
         """The same push owning its arrays (a log keeps it after the sender's are gone)."""
@@ -159,6 +162,7 @@ def split(push: Push, layout: Layout) -> list[Push]:
                 offset,
                 push.buffers if s == 0 else None,
                 push.compute if s == 0 else math.nan,
+                push.batch,
             )
         )
     return parts
@@ -175,10 +179,12 @@ class Member:
 
 @dataclass(frozen=True)
 class Pull:
-    """A pull of ``worker``; ``join``: the first of its process (a start, a restart)."""
+    """A pull of ``worker``; ``join``: the first of its process (a start, a restart);
+    ``incarnation``: the head's count of its joins (its process's stream seed)."""
 
     worker: int
     join: bool = False
+    incarnation: int = 0
 
 
 class Pulled(NamedTuple):

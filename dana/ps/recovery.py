@@ -97,10 +97,8 @@ class SpillFiles:
     calls still logged plus one segment (and one call).
 
     A full disk (``ENOSPC``, ``EDQUOT``) on a write raises
-    :class:`~dana.errors.WriteError` (exit status 2), naming the directory and the fix:
-    it reaches the driver through the worker whose call the head (or its standby) was
-    logging, and ends the run there. No checkpoint of that moment: the head has applied
-    a call it could not pass on, and stopping the servers would log one more.
+    :class:`~dana.errors.WriteError`, naming the directory and the fixes; nothing is
+    written (:meth:`RelayLog.add` keeps the call in memory instead).
     """
 
     def __init__(self, segment: int):
@@ -150,10 +148,8 @@ class SpillFiles:
         return (
             f"no space left on the disk of {tempfile.gettempdir()} for shard 0's relay log "
             f"({self.calls} calls, {self.bytes / 1024**2:,.0f} MiB spilled there now, past "
-            "its memory bound): the run cannot go on. Free space there, raise "
-            "--relay-log-bytes to keep more of the log in memory, or set TMPDIR to a "
-            "directory on a larger disk; then continue from the last checkpoint with "
-            "dana train --resume RUN"
+            "its memory bound): free space there, raise --relay-log-bytes to keep more of "
+            "the log in memory, or set TMPDIR to a directory on a larger disk"
         )
 
 
@@ -171,6 +167,11 @@ class RelayLog:
     Nothing is dropped, so a rebuild is as exact as before; only its replay reads from
     disk. A segment's disk space is freed once every call in it is trimmed.
     ``peak_bytes`` is the peak in memory, ``disk.peak_bytes`` on disk.
+
+    **A full disk**: the call that could not be spilled, and every later one, is kept in
+    memory past the bound, and ``full`` holds the error's message: the run cannot keep
+    its bound, so it stops there (the head takes no more calls, :mod:`dana.ps.head`; the
+    driver checkpoints that moment and ends the run, exit status 2). The log stays whole.
     """
 
     def __init__(self, shards: int, limit: int = RELAY_LOG_BYTES, segment: int | None = None):
@@ -182,6 +183,7 @@ class RelayLog:
         self.peak, self.peak_bytes = 0, 0  # the most held at once (for dist.json)
         least, most = SEGMENT_BYTES
         self.disk = SpillFiles(min(max(limit, least), most) if segment is None else segment)
+        self.full: str | None = None  # why a spill failed (the disk is full), once it has
 
     def add(self, method: Method, args: list[Pull | Push | None]) -> Entry:
         """Log a new call (``args[s]``: receiver ``s``'s), numbered next."""
@@ -203,10 +205,14 @@ class RelayLog:
         self._keep(entry)
 
     def _keep(self, entry: Entry) -> None:
-        if self.bytes + entry.nbytes > self.limit:
-            self.calls.append(self.disk.put(entry))  # (a full disk raises: nothing logged)
-        else:
-            self.calls.append(entry)
+        item: Entry | Spilled = entry
+        if self.full is None and self.bytes + entry.nbytes > self.limit:
+            try:
+                item = self.disk.put(entry)
+            except WriteError as e:  # (nothing written: kept in memory, the run stops)
+                self.full = str(e)
+        self.calls.append(item)
+        if item is entry:
             self.bytes += entry.nbytes
         self.count = entry.number
         self.peak = max(self.peak, len(self.calls))

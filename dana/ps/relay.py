@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from dana.ps.calls import CallRecord
 from dana.ps.protocol import Entry, Member, Method, Pull, Push
 from dana.ps.recovery import RELAY_LOG_BYTES, RelayLog
 
@@ -61,6 +62,7 @@ class Relay:
         if self.log is not None and not replicated:
             self.log.kept[0] = NO_STANDBY  # (no standby snapshot to wait for)
         self.outbox: list[Entry] = []  # logged, not yet sent
+        self.record = CallRecord()  # every call passed on, for dana replay (dana.ps.calls)
         self.standby_lost = 0  # times the standby did not answer
         self.timeout = timeout
 
@@ -77,32 +79,30 @@ class Relay:
     def push(self, parts: list[Push]) -> None:
         """Log the push, ``parts[s]`` for receiver ``s`` (``parts[0]``: shard 0's own, for
         the standby), to :meth:`flush`."""
-        if self.log is None:
-            return
-        # Copies: the log keeps them after the worker's arguments are gone.
-        own = parts[0].copy() if self.replicated else None  # (None: no standby to run it)
-        self._add(Method.PUSH, [own, *(part.copy() for part in parts[1:])])
+        args: list[Push | None] = []
+        if self.log is not None:
+            # Copies: the log keeps them after the worker's arguments are gone.
+            own = parts[0].copy() if self.replicated else None  # (None: no standby to run it)
+            args = [own, *(part.copy() for part in parts[1:])]
+        self._add(Method.PUSH, args, parts[0])
 
-    def pull(self, worker: int) -> None:
-        """Log the same pull for the standby and every other shard, to :meth:`flush`."""
-        if self.log is None:
-            return
+    def pull(self, worker: int, incarnation: int = 0) -> None:
+        """Log the same pull for the standby and every other shard, to :meth:`flush`
+        (``incarnation``: the worker's joins so far, for the record)."""
         join, self.rejoined[worker] = self.rejoined[worker], False
-        self._add(Method.PULL, [Pull(worker, join)] * (self.others + 1))
+        pull = Pull(worker, join, incarnation)
+        self._add(Method.PULL, [pull] * (self.others + 1), pull)
 
     def member(self, worker: int, join: bool) -> None:
         """Log that ``worker`` joined or left, for the standby and every other shard, to
         :meth:`flush`."""
-        if self.log is None:
-            return
-        self._add(Method.MEMBER, [Member(worker, join)] * (self.others + 1))
+        member = Member(worker, join)
+        self._add(Method.MEMBER, [member] * (self.others + 1), member)
 
     def stop(self) -> list[Any]:
         """Stop the standby and every other shard after the calls passed on to them (the
         references of the other shards' stops)."""
-        if self.log is None:
-            return []
-        self._add(Method.STOP, [None] * (self.others + 1))
+        self._add(Method.STOP, [None] * (self.others + 1), None)
         return self.flush()[-1]
 
     def flush(self) -> list[list[Any]]:
@@ -111,12 +111,14 @@ class Relay:
         :class:`Deposed` (and nothing passed on) if the standby refused them."""
         entries, self.outbox = self.outbox, []
         if not entries:
+            self.record.commit()  # (no receiver: nothing to wait for)
             return [[]]
         if self.standby is not None:
             import ray
 
             try:
                 if not _wait(self.standby.replica.remote(entries), self.timeout):
+                    self.record.discard()
                     raise Deposed("this head's standby was promoted in its place")
             except (
                 ray.exceptions.RayActorError,
@@ -128,6 +130,7 @@ class Relay:
                 ray.kill(self.standby, no_restart=True)
                 self.standby = None
                 self.standby_lost += 1
+        self.record.commit()
         return [
             [peer.relayed.remote(entry.call(s)) for s, peer in enumerate(self.peers, start=1)]
             for entry in entries
@@ -142,8 +145,21 @@ class Relay:
         if self.standby is not None:
             self.standby.waiting.remote(state)
 
-    def _add(self, method: Method, args: list[Pull | Push | Member | None]) -> None:
-        self.outbox.append(self.log.add(method, args))
+    def _add(
+        self,
+        method: Method,
+        args: list[Pull | Push | Member | None],
+        subject: Pull | Push | Member | None,
+    ) -> None:
+        """Log a call (``subject``: its argument for the record) to :meth:`flush`; without
+        a log (no receiver), number it for the record alone."""
+        if self.log is None:
+            number = self.record.count + len(self.record.pending) + 1
+        else:
+            entry = self.log.add(method, args)
+            self.outbox.append(entry)
+            number = entry.number
+        self.record.note(number, method, subject)
 
     def trim(self, shard: int, covered: int) -> None:
         """The driver holds a snapshot of receiver ``shard`` (0: the standby) covering the

@@ -16,7 +16,7 @@ from dana.algorithms.base import Algorithm
 from dana.ps.layout import Layout, shard_bounds
 from dana.train.config import TrainConfig
 from dana.train.rules.gate import bounds_staleness
-from dana.train.rules.members import capacity
+from dana.train.rules.members import capacity, parse_grow_at
 from dana.train.training import build_schedule
 
 #: What a server is built from: its positional and keyword arguments.
@@ -30,8 +30,9 @@ def server_settings(
     (:class:`~dana.ps.shard.ShardServer`'s; shard 0's also
     :class:`~dana.ps.head.HeadServer`'s): the run's algorithm (``None``: built from
     ``config``), its learning-rate schedule, its workers (``k`` at the start, ``k_max``
-    at most), the shard's gap probes (:class:`~dana.ps.layout.Layout`); for shard 0 the
-    staleness bound (None: no gate) and its relay's timeout and log bytes."""
+    at most), the growth it admits (``--grow-at``), the shard's gap probes
+    (:class:`~dana.ps.layout.Layout`); for shard 0 the staleness bound (None: no gate)
+    and its relay's timeout and log bytes."""
     if algorithm is None:
         algorithm = config.build_algorithm()
     common = dict(
@@ -40,6 +41,7 @@ def server_settings(
         workers=config.workers,
         k_max=capacity(config),
         batches_per_epoch=batches_per_epoch,
+        grow=[] if algorithm.synchronous else parse_grow_at(config.grow_at),
     )
     probes = Layout(d, config.servers, config.seed).probes
     settings = [dict(common, probes=probe) for probe in probes]

@@ -82,6 +82,8 @@ class ShardServer:
             for a checkpoint.
         state: a checkpointed :meth:`state` to continue from.
         recovered: a server rebuilt after its loss: its latest :meth:`recovery_state`.
+        grow: ``--grow-at``'s ``(step, n)`` points: ``n`` workers join once ``step``
+            steps are applied (:meth:`_reached`).
     """
 
     role = Role.SHARD
@@ -101,6 +103,7 @@ class ShardServer:
         checkpoints: list[int],
         state: dict[str, Any] | None = None,
         recovered: dict[str, Any] | None = None,
+        grow: list[tuple[int, int]] | None = None,
     ):
         torch.set_num_threads(1)
         self.k, self.k_max = workers, k_max  # (k_max: the rules' size, dana.train.rules.members)
@@ -119,6 +122,8 @@ class ShardServer:
         self.stopped = False
         self.buffers: dict[str, np.ndarray] | None = None
         self.log = ShardLog()
+        self.grow = list(grow or [])  # the growth still to come
+        self.started = self.k  # worker indices handed out: the workers ever in the run
         if state is not None:
             self.load_state(state)
         else:  # the workers k .. k_max-1 start outside the run (nothing of theirs to drop)
@@ -129,6 +134,8 @@ class ShardServer:
             self.stopped = True
         if recovered is not None:
             self.load_recovery(recovered)
+        elif state is None:
+            self._reached(self.steps)  # (--grow-at 0:N)
 
     @property
     def steps(self) -> int:
@@ -246,14 +253,19 @@ class ShardServer:
         is an update). ``"duplicate"`` if it already was in (out of) the run, ``"stop"``
         once the run is over (nothing changes then)."""
         self.counts.calls += 1
-        records = self.records
         if self.stopped:  # (the head relays only what it applied: a receiver never is)
             return Status.STOP
+        return self._change(worker, join)
+
+    def _change(self, worker: int, join: bool) -> Status:
+        """:meth:`member`'s change, not counted as a call."""
+        records = self.records
         if records.live[worker] == join:
             return Status.DUPLICATE
         records.live[worker] = join
         if join:
             self.master.join(worker)
+            self.started = max(self.started, worker + 1)
             return Status.APPLIED
         self.counts.updates += bool(self.master.leave(worker, self.lr()))
         self.probes.clear_offset(worker)  # its rule's state is lost with it
@@ -283,6 +295,7 @@ class ShardServer:
             "stopped": self.stopped,
             "waits": waits,
             "wait_time": wait_time,
+            "started": self.started,
         }
 
     def counters(self) -> dict[str, Any]:
@@ -331,6 +344,7 @@ class ShardServer:
         _load_master(self.master, state["master"])
         self.counts.resume(state)
         self.records.resume(state)
+        self._plan_growth()
 
     def recovery_state(self) -> dict[str, Any]:
         """Everything a rebuilt server needs to continue as this one
@@ -357,6 +371,7 @@ class ShardServer:
         self.snapshots.load_state_dict(saved["snapshots"])
         self.stopped = bool(saved["stopped"])
         self.clock_zero = float(saved["clock_zero"])
+        self._plan_growth()
 
     # -- what the head adds (dana.ps.head) ------------------------------------------------
     def _admit(self, worker: int, join: bool) -> bool:
@@ -370,6 +385,24 @@ class ShardServer:
     def _waits(self) -> tuple[int, float]:
         """Waits for the staleness bound and their seconds, over the whole run."""
         return self.counts.waits_before, self.counts.wait_before
+
+    def _reached(self, steps: int) -> None:
+        """``--grow-at``: the workers planned at ``steps`` join now (``master.join`` of
+        the next indices), within the call that applied the step and before its
+        snapshot. Every shard and the standby do so at the same place in the head's
+        order of calls, so growth is a function of that order alone, not of the
+        driver's polls (which then start the workers' actors)."""
+        while self.grow and self.grow[0][0] <= steps and not self.stopped:
+            for _ in range(min(self.grow.pop(0)[1], self.k_max - self.started)):
+                self._change(self.started, True)
+
+    def _plan_growth(self) -> None:
+        """The indices handed out and the growth still to come, from a loaded state:
+        a point at or before its steps is done (:meth:`_reached`)."""
+        records = self.records
+        used = [i + 1 for i in range(self.k_max) if records.live[i] or records.joins[i] > 0]
+        self.started = max([self.k, *used])
+        self.grow = [(at, n) for at, n in self.grow if at > self.steps]
 
     def _keeps_recovery(self) -> bool:
         """Whether this server's polls carry recovery snapshots (a receiver of relayed
@@ -390,7 +423,8 @@ class ShardServer:
 
     def _after_step(self, moved: bool) -> None:
         """Snapshot at the points passed (synchronous: once the round is complete, never
-        at a local step); stop at the end."""
+        at a local step), after what the step brings (:meth:`_reached`); stop at the end."""
+        self._reached(self.steps)
         for point in self.snapshots.due(self.steps, moved, self.synchronous):
             self._snapshot(point)
         if self.end is not None and self.steps >= self.end:

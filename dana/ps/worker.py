@@ -18,7 +18,8 @@ own state, e.g. ``dana-slim``'s momentum ``v_i``). One step, as in the simulator
    moved during one step);
    With a codec (``--compress``) the message is encoded here, each shard's part on its
    own (:class:`~dana.train.rules.codecs.Wire`; ``topk``'s residual is this worker's, kept
-   across its pushes, and starts from zero when its process does, as its rule state);
+   across its pushes, and starts from zero when its process does, as its rule state).
+   Steps 1 and 2 are :class:`~dana.ps.steps.PushMaker`'s (``dana replay`` takes them again);
 3. push the message with the next sequence number and pull in the same round trip
    (``exchange``); a synchronous rule (``ssgd``, ``diloco``): push, and pull again only
    in the driver's next round.
@@ -57,22 +58,21 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from dana.algorithms.base import Algorithm, move_tensors
+from dana.algorithms.base import Algorithm
 from dana.ps.delay import StepDelay, worker_speed
 from dana.ps.emulation import ClusterDelay
 from dana.ps.layout import Layout
 from dana.ps.link import ServerLink
-from dana.ps.protocol import Push, Status
+from dana.ps.protocol import Status
+from dana.ps.steps import PushMaker
 from dana.train.config import TrainConfig
-from dana.train.rules.codecs import Wire, build_codec
-from dana.train.rules.step import WorkerStep
-from dana.train.task.batches import BatchStream
+from dana.train.task.batches import BatchStream, stream_seed
 from dana.train.task.problem import Problem
 
 #: Seconds before a worker asks again after a "wait" (bounded staleness); each further
@@ -84,10 +84,16 @@ WAIT_MAX = 0.016
 class Worker:
     """Args: the run's config (a dict), this worker's index, the names of the shard
     servers' actors (in shard order; names, not handles, so that Ray can restart the
-    worker from plain arguments) and ``d``; ``spec``: a user's problem
-    (:class:`dana.fitting.UserProblemSpec`), else the problem is built from the config;
-    ``algorithm``: the run's, built once by the driver (``None``: build it from
-    ``config``)."""
+    worker from plain arguments) and ``d``; ``algorithm``: the run's, built once by the
+    driver (``None``: build it from ``config``).
+
+    Only these small values are the actor's constructor arguments: Ray warns at error
+    level about an actor that may restart (``max_restarts``) whose constructor takes
+    anything from its object store, a reference or a large argument. The problem (data
+    and model) is built by the first call of each process, :meth:`setup` or
+    :meth:`run`, from the ``source`` they are given: ``None`` (the config's), or a
+    user's problem (:class:`dana.fitting.UserProblemSpec`) as ``[reference]``, taken
+    from the object store only by a process that has not built it yet."""
 
     def __init__(
         self,
@@ -95,34 +101,24 @@ class Worker:
         index: int,
         servers: list[str],
         d: int,
-        spec: Any = None,
         algorithm: Algorithm | None = None,
     ):
         torch.set_num_threads(1)
         self.config = TrainConfig.from_dict(config)
         self.index = index
-        self.problem = Problem(self.config) if spec is None else spec.build(self.config)
         if algorithm is None:
             algorithm = self.config.build_algorithm()
         dtype = getattr(torch, self.config.dtype)
         self.rule = algorithm.worker(1, d, dtype)
-        # (with --device cuda on a GPU node: compute there, exchange with the servers on
-        # the CPU)
         if algorithm.uses_speed:  # the emulated speeds: the run's timing model (--time-scale)
             self.rule.set_speed(0, worker_speed(self.config, index))
-        self.device = self.problem.flat.flat.device
-        if self.device.type != "cpu":
-            move_tensors(self.rule, self.device)
-        self.worker_step = WorkerStep(self.rule, self.problem.gradient, self.config.weight_decay)
         # The workers call shard 0 only, which relays to its standby and the other shards
         # (whose lost ones the driver rebuilds under new names); a lost shard 0 is
         # replaced by its standby, found by name (dana.ps.link.find_head).
         layout = Layout(d, self.config.servers, self.config.seed)
         self.link = ServerLink(servers[0], layout, index, dtype)
-        codec = build_codec(self.config.compress)
-        self.wire = None if codec.name == "none" else Wire(codec, 1, d, self.config.servers, dtype)
-        self.sends_offset = self.rule.theta_offset(1.0) is not None
-        self.has_buffers = any(True for _ in self.problem.flat.module.buffers())
+        self.problem: Any = None  # built by the process's first setup() or run()
+        self.maker: PushMaker | None = None  # its pushes, once the problem is built
         self.stream: BatchStream | None = None  # created when this process first joins
         self.delay: StepDelay | ClusterDelay | None = None
         self.clock_zero = time.time()  # model time 0 of an emulated cluster (run())
@@ -130,22 +126,41 @@ class Worker:
         self.round_steps = algorithm.round_steps  # H: its computations per synchronous round
         self.lr = 0.0  # the rate of the next step, as the servers last told it
 
+    def setup(self, source: list[Any] | None = None) -> dict[str, str]:
+        """Build the problem from ``source`` (the class docstring) unless this process
+        has; where it runs (:meth:`ready`)."""
+        if self.problem is None:
+            if source is None:
+                problem = Problem(self.config)
+            else:
+                import ray
+
+                problem = ray.get(source[0]).build(self.config)
+            self.maker = PushMaker(self.config, self.index, problem, self.rule)
+            self.problem = problem
+        return self.ready()
+
     def ready(self) -> dict[str, str]:
         from dana.ps.cluster import node_of
 
         return node_of()
 
     def run(
-        self, round_index: int | None = None, clock_zero: float | None = None
+        self,
+        round_index: int | None = None,
+        clock_zero: float | None = None,
+        source: list[Any] | None = None,
     ) -> dict[str, int]:
         """Steps until the servers say stop (``round_index=None``), or one synchronous
         round: its ``H`` steps, numbered ``r*H + 1 .. (r + 1)*H`` (skipped if its push is
         in already; the module docstring). ``clock_zero``: the servers' start of training
-        (an emulated cluster's time 0).
+        (an emulated cluster's time 0); ``source``: the problem's, for a process that
+        has not built it (:meth:`setup`: a restarted or an added worker).
 
         Returns counts of the pushes sent and of the servers' replies (shard 0's), and
         ``seq``: the sequence number of this worker's last push.
         """
+        self.setup(source)
         if clock_zero is not None:
             self.clock_zero = clock_zero
         counts: Counter[str] = Counter()
@@ -179,6 +194,7 @@ class Worker:
         cfg = self.config
         seed = stream_seed(cfg.seed, self.index, incarnation)
         self.stream = self.problem.batches(seed, worker=self.index)
+        self.drawn = 0
         if cfg.time_scale > 0 and cfg.cluster is not None:
             dataset, flat = self.problem.dataset, self.problem.flat.flat
             self.delay = ClusterDelay(
@@ -218,30 +234,16 @@ class Worker:
     def _step(self, params: Tensor, counts: Counter[str], exchange: bool) -> Tensor | None:
         """One gradient computation and its push; the next parameters (None: stop)."""
         started = time.perf_counter()
-        batch = self.stream.next()
-        grad, loss = self.worker_step.gradient(0, params.to(self.device), batch)
-        message = self.worker_step.message(0, grad, self.lr)
-        offset = self.rule.theta_offset(1.0) if self.sends_offset and message is not None else None
-        if self.device.type != "cpu":
-            message = None if message is None else message.cpu()
-            offset = None if offset is None else offset.cpu()
-        buffers = (
-            {k: v.cpu().numpy() for k, v in self.problem.flat.buffers_state().items()}
-            if self.has_buffers and message is not None
-            else None
-        )
+        batch, number = self.stream.next(), self.drawn
+        self.drawn += 1
         # (encoded within the step: its time counts in the emulated step time)
-        sent = (
-            _numpy(message)
-            if self.wire is None or message is None
-            else self.wire.encode(0, message)
-        )
+        push = self.maker.push(params, batch, self.lr, self.seq + 1, number)
         if self.delay is not None and self.delay.pad(started, batch):
             return self._depart(counts)  # (left before its push was complete: lost)
-        compute = time.perf_counter() - started
+        push = replace(push, compute=time.perf_counter() - started)
         self.seq += 1
         counts["sent"] += 1  # pushes sent: the key of dist.json's worker_replies, kept
-        push = Push(self.index, self.seq, sent, loss, _numpy(offset), buffers, compute)
+        message = push.message
         pause = WAIT_FIRST
         while True:  # (only a bounded run's held push goes round more than once)
             if message is None or not exchange:
@@ -266,20 +268,10 @@ class Worker:
         return self._arrived(reply.params, counts)
 
 
-def stream_seed(seed: int, worker: int, incarnation: int) -> int:
-    """The seed of worker ``worker``'s own batch stream in its ``incarnation``-th process
-    (a restart or a resume draws a new order)."""
-    return int(np.random.SeedSequence([seed, worker, incarnation]).generate_state(1)[0])
-
-
 def _pause(seconds: float) -> float:
     """Sleep ``seconds``; the next pause."""
     time.sleep(seconds)
     return min(2 * seconds, WAIT_MAX)
-
-
-def _numpy(tensor: Tensor | None) -> np.ndarray | None:
-    return None if tensor is None else tensor.numpy()
 
 
 _REPLY = {

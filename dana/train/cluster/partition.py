@@ -158,7 +158,8 @@ def check_partition_option(config: Any, backend: Any, flag: Any) -> None:
     kind, _ = parse_partition(config.partition)
     if kind != "iid" and not backend.partitions:
         raise ConfigError(
-            f"{flag('partition')} {config.partition}: data per worker is simulated only for "
-            f"now ({flag('backend')} sim); the workers of {flag('backend')} {config.backend} "
-            "draw from one shared stream (iid)"
+            f"{flag('partition')} {config.partition}: each worker of {flag('backend')} "
+            f"{config.backend} draws its own shuffle of the whole training set (iid), and a "
+            "partition would need the run's split on every worker and a new split when "
+            f"workers join; split the data per worker in the simulator ({flag('backend')} sim)"
         )

@@ -8,6 +8,8 @@ that moment and raises :class:`~dana.errors.Preempted`; ``dana`` then prints one
 (the checkpoint and the ``--resume`` command) and exits with status 75
 (:data:`~dana.errors.EXIT_PREEMPTED`, ``EX_TEMPFAIL``). A second signal while the
 checkpoint is written raises :class:`KeyboardInterrupt` (the old behaviour: exit 130).
+A signal while a run is starting (the Ray driver: Ray itself, its actors) ends the
+start at the next look, with no checkpoint and status 75 too (:func:`preempted_at_start`).
 
 The rule: a checkpoint written on preemption is the run's whole state at a step
 boundary, so ``--resume`` continues it exactly as if it had never stopped (the
@@ -79,4 +81,16 @@ def preempted(resume: str, where: str) -> Preempted:
     return Preempted(
         f"preempted by {requested() or 'a signal'}: checkpoint written {where}; continue "
         f"with `dana train --resume {resume}`"
+    )
+
+
+def preempted_at_start(resume: str, checkpointed: bool) -> Preempted:
+    """The exception a runner raises when the signal came while the run was starting
+    (before it could take a checkpoint of its own): nothing more is written, and
+    ``--resume`` starts again from the last checkpoint (``checkpointed``), or from the
+    beginning (the run directory keeps its ``config.json``)."""
+    since = "its last checkpoint" if checkpointed else "the beginning (no checkpoint yet)"
+    return Preempted(
+        f"preempted by {requested() or 'a signal'} while the run was starting: no checkpoint "
+        f"written; start it again from {since} with `dana train --resume {resume}`"
     )

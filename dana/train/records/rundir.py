@@ -43,6 +43,8 @@ from dana.atomic import (
 )
 from dana.errors import ConfigError, DanaError, WriteError
 
+#: A Ray run's record of the calls its head passed on (``dana replay``, dana.ps.calls).
+REPLAY_FILE = "replay.npz"
 #: The files a run directory holds, all written by ``dana train``.
 RUN_FILES = (
     "config.json",
@@ -52,6 +54,7 @@ RUN_FILES = (
     "checkpoint.pt",
     "step_times.csv",
     "dist.json",
+    REPLAY_FILE,
     "model.safetensors",
 )
 TENSORBOARD = "tensorboard"

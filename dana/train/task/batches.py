@@ -122,6 +122,12 @@ def batches_for(
     return WorkerBatches(parts, n, batch_size, seed=seed, keyed=keyed)
 
 
+def stream_seed(seed: int, worker: int, incarnation: int) -> int:
+    """The seed of a Ray worker ``worker``'s own batch stream in its ``incarnation``-th
+    process (a restart or a resume draws a new order)."""
+    return int(np.random.SeedSequence([seed, worker, incarnation]).generate_state(1)[0])
+
+
 def worker_seed(seed: int, worker: int) -> int:
     """The seed of worker ``worker``'s own stream."""
     return int(np.random.SeedSequence([seed % 2**63, worker]).generate_state(1, np.uint64)[0] >> 1)
