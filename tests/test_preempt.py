@@ -110,3 +110,50 @@ def test_sigterm_once_the_run_is_over_still_writes_every_file(tmp_path, monkeypa
     assert not summary["diverged"]
     for name in ("summary.json", "curves.png", "model.safetensors", "metrics.csv"):
         assert (tmp_path / "run" / name).is_file(), name
+
+
+@pytest.mark.parametrize("moment", ["problem", "start_run"])
+def test_sigterm_while_the_run_is_built_ends_it_at_once_with_nothing_written(
+    tmp_path, monkeypatch, moment
+):
+    # the signal lands while the data and model load (before any file: nothing left) or
+    # once the run directory is begun (its config.json: --resume starts it): Preempted at
+    # once, the process's own handler back afterwards
+    import os
+
+    import dana.train.training as training
+    from dana.errors import Preempted
+    from dana.train.config import TrainConfig
+
+    target = "Problem" if moment == "problem" else "start_run"
+    real = getattr(training, target)
+
+    def signalled(*args, **kwargs):
+        built = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return built
+
+    def outside(signum, frame):
+        raise RuntimeError("SIGTERM reached the process outside the run's start")
+
+    monkeypatch.setattr(training, target, signalled)
+    config = TrainConfig(dataset="synthetic", model="linear", train_size=256, test_size=64,
+                         batch_size=32, epochs=1.0, workers=2)  # fmt: skip
+    before = signal.signal(signal.SIGTERM, outside)
+    try:
+        with pytest.raises(Preempted) as stopped:
+            training.train(config, tmp_path / "run", progress=False)
+        assert signal.getsignal(signal.SIGTERM) is outside
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    said = "preempted by SIGTERM while the run was being built: "
+    if moment == "problem":
+        assert str(stopped.value) == said + "nothing written; run the same command again"
+        assert not (tmp_path / "run").exists()
+        return
+    resume = f"`dana train --resume {tmp_path / 'run'}`"
+    assert str(stopped.value) == said + f"no step taken; start it with {resume}"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.json"]
+    monkeypatch.undo()
+    summary = training.train(config, tmp_path / "run", resume=True, progress=False)
+    assert not summary["diverged"] and summary["pushes"] > 0

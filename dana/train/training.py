@@ -117,36 +117,47 @@ def training(
     summary. ``options`` go to the runner (``pack``: the simulator's)."""
     check_local(out, "--resume" if resume else "--out")
     run = RunDir(out)
-    if resume:
-        if run.path.exists() and not run.path.is_dir():
-            raise DanaError(f"--resume {run.path} is not a directory; give a run directory")
-    else:
-        run.check_new()
-    config = config.validate()
-    check_backend(config.backend)
-    require_trackers(config.to_dict())
-    algorithm = config.build_algorithm()
-    problem = Problem(config)  # loads data and builds the model: bad input fails here
-    runner_cls = check_runner(config, problem)
-    run.settings = json.dumps(config.to_dict(), sort_keys=True)
-    add_columns(run, problem)
-    state = None
-    if resume:
-        run.remove_temporaries()
-        state = run.load_checkpoint()
+    # (a signal while the run is built: Preempted at once, saying how to go on)
+    again = f"`dana train --resume {run.path}`"
+    with preempt.starting(f"nothing written; run {again if resume else 'the same command'} again"):
+        if resume:
+            if run.path.exists() and not run.path.is_dir():
+                raise DanaError(f"--resume {run.path} is not a directory; give a run directory")
+        else:
+            run.check_new()
+        config = config.validate()
+        check_backend(config.backend)
+        require_trackers(config.to_dict())
+        algorithm = config.build_algorithm()
+        problem = Problem(config)  # loads data and builds the model: bad input fails here
+        runner_cls = check_runner(config, problem)
+        run.settings = json.dumps(config.to_dict(), sort_keys=True)
+        add_columns(run, problem)
+        state = None
+        if resume:
+            run.remove_temporaries()
+            state = run.load_checkpoint()
     with run.removed_on_failure() if not resume else nullcontext():
-        runner = runner_cls(config, run, problem, algorithm, threads=threads, **options)
-        if state is not None:
-            _check_settings(run, state.pop(SETTINGS_KEY, None), config)
-            try:
-                runner.load_state_dict(state)
-            except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as e:
-                what = f"it lacks the entry {e}" if isinstance(e, KeyError) else str(e)
-                raise run.bad_checkpoint(what) from None
-        if not resume:
-            start_run(run, config, version)
-        if config.tensorboard:
-            run.open_tensorboard()
+        with preempt.starting(f"no step taken; start it with {again}"):
+            runner = runner_cls(config, run, problem, algorithm, threads=threads, **options)
+            if state is not None:
+                _check_settings(run, state.pop(SETTINGS_KEY, None), config)
+                try:
+                    runner.load_state_dict(state)
+                except (
+                    KeyError,
+                    IndexError,
+                    TypeError,
+                    ValueError,
+                    AttributeError,
+                    RuntimeError,
+                ) as e:
+                    what = f"it lacks the entry {e}" if isinstance(e, KeyError) else str(e)
+                    raise run.bad_checkpoint(what) from None
+            if not resume:
+                start_run(run, config, version)
+            if config.tensorboard:
+                run.open_tensorboard()
         title = f"{config.algorithm}, k={config.workers}, {config.model} on {config.dataset}"
         yield
         summary = yield from run_steps(runner, config, run, title, progress, problem)

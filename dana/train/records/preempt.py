@@ -9,7 +9,9 @@ that moment and raises :class:`~dana.errors.Preempted`; ``dana`` then prints one
 (:data:`~dana.errors.EXIT_PREEMPTED`, ``EX_TEMPFAIL``). A second signal while the
 checkpoint is written raises :class:`KeyboardInterrupt` (the old behaviour: exit 130).
 A signal while a run is starting (the Ray driver: Ray itself, its actors) ends the
-start at the next look, with no checkpoint and status 75 too (:func:`preempted_at_start`).
+start at the next look, with no checkpoint and status 75 too (:func:`preempted_at_start`);
+one while it is being built (its data and model loaded, its checkpoint read), before any
+of that, at once (:func:`starting`).
 
 The rule: a checkpoint written on preemption is the run's whole state at a step
 boundary, so ``--resume`` continues it exactly as if it had never stopped (the
@@ -73,6 +75,29 @@ def watching() -> Iterator[None]:
             signal.signal(sig, handler)
         if not _watching[0]:
             _received.clear()
+
+
+@contextlib.contextmanager
+def starting(then: str) -> Iterator[None]:
+    """While a run is being built, before :func:`watching`: SIGTERM or SIGINT raise
+    :class:`~dana.errors.Preempted` at once, its message ending with ``then`` (what was
+    written and how to go on). Inside :func:`watching` (runs packed into one process)
+    or outside the main thread, nothing changes: the flag stops the run at its first
+    step."""
+    if _watching[0] or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        raise Preempted(f"preempted by {name} while the run was being built: {then}")
+
+    previous = {sig: signal.signal(sig, stop) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def preempted(resume: str, where: str) -> Preempted:
