@@ -207,7 +207,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 #: fault tests, and the benchmarks' Ray smoke runs so that both groups take about as long.
 RAY_SECOND_GROUP_MODULES = {
     "test_ps_faults.py", "test_ps_nodes.py", "test_ps_ray_job.py", "test_ps_membership.py",
-    "test_ps_emulation.py", "test_bench_smoke.py",
+    "test_ps_emulation.py", "test_bench_smoke.py", "test_ps_replay.py",
 }  # fmt: skip
 
 
