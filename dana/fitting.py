@@ -324,6 +324,7 @@ def fit(
     grow_at: str | None = TrainConfig.grow_at,
     device: str | torch.device = TrainConfig.device,
     batch_workers: int | str = TrainConfig.batch_workers,
+    cuda_graph: bool = TrainConfig.cuda_graph,
     threads: int | None = None,
     num_workers: int = 0,
     out: str | Path | None = None,

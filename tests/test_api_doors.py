@@ -78,6 +78,7 @@ SIM_VALUES = {
     "timing": "constant", "timing_params": {"duration": 50.0}, "cluster": {"name": "doors", "network": {"latency_ms": 1.0}},
     "partition": "shards:1", "max_staleness": 2, "seed": 3, "eval_every": 0.5,
     "checkpoint_every": 1.0, "dtype": "float64", "compress": "fp16", "batch_workers": 2,
+    "cuda_graph": True,
     "mlflow_experiment": "doors", "servers": 2, "wandb": "doors",
 }  # fmt: skip
 RAY_VALUES = {

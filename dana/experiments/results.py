@@ -123,6 +123,7 @@ _NOT_ROW_KEYS = {
     "data_dir",
     "device",  # where a run was made, not what was run (the report lists the devices)
     "batch_workers",
+    "cuda_graph",
     "tensorboard",
     "mlflow",
     "mlflow_experiment",

@@ -61,7 +61,7 @@ class PushMaker:
             sent = _numpy(message)
         else:
             sent = self.wire.encode(0, message)
-        return Push(self.index, seq, sent, loss, _numpy(offset), buffers, math.nan, number)
+        return Push(self.index, seq, sent, float(loss), _numpy(offset), buffers, math.nan, number)
 
 
 def _numpy(tensor: Tensor | None) -> np.ndarray | None:

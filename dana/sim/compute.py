@@ -43,6 +43,7 @@ engine's are computed again after a resume, bit for bit the same.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import queue
 from collections.abc import Callable, Iterable
@@ -52,7 +53,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from dana.train.rules.step import WorkerStep
+from dana.train.device import peak_bytes
+from dana.train.rules.step import Loss, WorkerStep
 from dana.train.task import inputs as I
 from dana.train.task.stacked import (
     GradientSource,
@@ -99,7 +101,7 @@ class Engine:
         pulled: Callable[[int], Tensor],
         batch: Callable[[int], Any],
         inflight: InFlight,
-    ) -> tuple[Tensor, float]:
+    ) -> tuple[Tensor, Loss]:
         """Worker ``i``'s gradient (weight decay included) and loss. Starts it, with
         those of the next in-flight workers without one (:meth:`_room`), when it is not
         pending; folds its running statistics into the shared model."""
@@ -136,7 +138,7 @@ class Engine:
         for j, result in zip(workers, self._compute(points, batches)):
             self.pending[j] = result
 
-    def _take(self, i: int) -> tuple[Tensor, float, Running]:
+    def _take(self, i: int) -> tuple[Tensor, Loss, Running]:
         return self.pending.pop(i)
 
     def discard(self, i: int) -> None:
@@ -154,13 +156,13 @@ class Engine:
 
     def _compute(
         self, points: list[Tensor], batches: list[Any]
-    ) -> list[tuple[Tensor, float, Running]]:
+    ) -> list[tuple[Tensor, Loss, Running]]:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "pending": [
-                [i, g.clone(), loss, {n: t.clone() for n, t in r.items()}]
+                [i, g.clone(), float(loss), {n: t.clone() for n, t in r.items()}]
                 for i, (g, loss, r) in sorted(self.pending.items())
             ]
         }
@@ -189,15 +191,15 @@ class BatchedEngine(Engine):
 
 def stacked_call(
     stacked: StackedGradient, points: list[Tensor], inputs: list[tuple[I.Inputs, Tensor]]
-) -> list[tuple[Tensor, float, Running]]:
+) -> list[tuple[Tensor, Tensor, Running]]:
     """The gradients at ``points`` on ``inputs`` (each an ``(x, y)`` batch) in one call
-    of ``stacked``: each one's gradient, loss and running statistics."""
+    of ``stacked``: each one's gradient, loss (0-d, on the device) and running
+    statistics."""
     x = I.stack([xy[0] for xy in inputs])
     y = torch.stack([xy[1] for xy in inputs])
     grads, losses, running = stacked(torch.stack(points), x, y)
     return [
-        (grads[n], float(losses[n]), {k: v[n] for k, v in running.items()})
-        for n in range(len(points))
+        (grads[n], losses[n], {k: v[n] for k, v in running.items()}) for n in range(len(points))
     ]
 
 
@@ -260,7 +262,7 @@ class ThreadedEngine(Engine):
     def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
         self._drop()
 
-    def _one(self, point: Tensor, batch: Any) -> tuple[Tensor, float, Running]:
+    def _one(self, point: Tensor, batch: Any) -> tuple[Tensor, Loss, Running]:
         replica = self.replicas.get()
         try:
             return replica.gradient(point, batch)
@@ -410,18 +412,16 @@ def auto_batch_workers(
     """``B`` for ``batch_workers="auto"``: on the CPU 1 (the vectorised call does not
     beat one worker at a time there: docs/BENCHMARKS.md); on a GPU the most workers
     (at most ``workers``) whose stacked parameters, gradients and activations fit in
-    ``share`` of the free memory, from the peak memory of one probe call of two."""
+    ``share`` of the free memory, from the peak memory of one probe call of two (with
+    ``source.cuda_graph`` twice that: a graph per power of two up to ``B``, each with
+    its own memory, hold about two calls' worth)."""
     if device.type != "cuda":
         return 1
     flat = source.flat
-    stacked = StackedGradient(source)
+    stacked = StackedGradient(dataclasses.replace(source, cuda_graph=False))
     p = flat.flat.detach().unsqueeze(0).repeat(2, 1)
     x, y = source.inputs(batch)
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    stacked(p, I.stack([x, x]), torch.stack([y, y]))
-    torch.cuda.synchronize(device)
-    per_worker = max(1, (torch.cuda.max_memory_allocated(device) - base) // 2)
+    pair = peak_bytes(device, lambda: stacked(p, I.stack([x, x]), torch.stack([y, y])))
+    per_worker = max(1, pair // 2) * (2 if source.cuda_graph else 1)
     free, _ = torch.cuda.mem_get_info(device)
     return max(1, min(workers, int(share * free // per_worker)))

@@ -9,7 +9,10 @@ SIGTERM or SIGINT (:mod:`dana.train.records.preempt`) stops the run after the st
 with a checkpoint of that step, just as exact.
 
 A NaN or infinite loss is a result, not a crash: the run stops, ``summary.json`` says
-``diverged: true`` and at which update, and :meth:`SimRun.execute` returns normally.
+``diverged: true`` and at which update, and :meth:`SimRun.execute` returns normally. The
+loss is read after every step; on a GPU (the simulator's ``sync_free``: reading it waits
+for the device) every :data:`SYNC_FREE_CHECK` steps, so a diverged run stops within that
+many steps of its first non-finite loss.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ from dana.train.task.batches import BatchStream
 from dana.train.task.problem import TrainingProblem
 from dana.train.task.stacked import running_buffers
 from dana.train.training import build_schedule, run_to_end, stop_points
+
+#: Steps between reads of the loss (divergence, the progress bar) on a GPU.
+SYNC_FREE_CHECK = 64
 
 
 def engine_settings(
@@ -230,6 +236,8 @@ class SimRun:
                 if tick(self.sim):
                     break
                 yield
+            if self.diverged_at is None and self.sim.sync_free:
+                self.diverged(self.sim)  # (the steps since the last check)
             if self.diverged_at is not None:
                 break
             if preempt.requested() and self.sim.steps < point:
@@ -283,12 +291,18 @@ class SimRun:
         return extra
 
     def _tick(self, progress: Progress):
-        every = max(1, self.batches.batches_per_epoch // 50)
+        check = SYNC_FREE_CHECK if self.sim.sync_free else 0  # (0: after every step)
+        every = max(1, self.batches.batches_per_epoch // 50, check)
+        last = {"checked": self.sim.steps}
 
         def callback(sim: Simulator) -> bool:
             if sim.steps % every == 0:
                 progress.update(sim.steps, sim.log.loss[-1] if len(sim.log) else math.nan)
-            return self.diverged(sim) or preempt.requested() is not None
+            if sim.steps - last["checked"] >= check:
+                last["checked"] = sim.steps
+                if self.diverged(sim):
+                    return True
+            return preempt.requested() is not None
 
         return callback
 

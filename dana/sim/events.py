@@ -13,6 +13,7 @@ from torch import Tensor
 
 from dana.algorithms.base import WorkerRule
 from dana.train.rules.codecs import Wire
+from dana.train.rules.step import Loss
 
 
 class Work(NamedTuple):
@@ -24,7 +25,7 @@ class Work(NamedTuple):
     """
 
     tensor: Tensor
-    loss: float
+    loss: Loss
     is_message: bool
     lr: float | None
     counted: bool

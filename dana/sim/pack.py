@@ -27,8 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from dana.sim.compute import Pack
 from dana.train.config import TrainConfig
 from dana.train.records import preempt
@@ -122,25 +120,24 @@ def run_footprint(config: TrainConfig, steps: int = 4) -> int:
 
     Raises:
         ValueError: when ``config`` does not compute on a CUDA device."""
-    from dana.train.device import resolve_device
+    from dana.train.device import peak_bytes, resolve_device
 
     device = resolve_device(config.device)
     if device.type != "cuda":
         raise ValueError(f"a run's footprint is measured on a CUDA device, not {device}")
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
     with tempfile.TemporaryDirectory(prefix="dana-footprint-") as scratch:
-        run = training(config, Path(scratch) / "run", progress=False, pack=Pack())
-        try:
-            for _ in range(steps):
-                next(run)
-        except StopIteration:
-            pass
-        finally:
-            run.close()
-        torch.cuda.synchronize(device)
-        return max(1, torch.cuda.max_memory_allocated(device) - base)
+
+        def first_steps() -> None:
+            run = training(config, Path(scratch) / "run", progress=False, pack=Pack())
+            try:
+                for _ in range(steps):
+                    next(run)
+            except StopIteration:
+                pass
+            finally:
+                run.close()
+
+        return peak_bytes(device, first_steps)
 
 
 def auto_pack_size(run_bytes: int, free_bytes: int, jobs: int = 1, share: float = 0.5) -> int:

@@ -5,7 +5,10 @@
 processed, at the parameters its worker pulled: the run is exactly that of real
 asynchronous workers with the drawn times, bit for bit the same for the same seed on the
 CPU. Each push logs its worker, staleness (master updates since its pull), gap
-``RMS(theta_now - p_i)`` against the master's true parameters, loss, rate and time.
+``RMS(theta_now - p_i)`` against the master's true parameters, loss, rate and time. On a
+GPU the loss and the gap stay on the device until the log is read (``sync_free``): a
+push makes no host synchronisation, so the host queues the next pushes' work while the
+device computes.
 
 Example::
 
@@ -42,11 +45,11 @@ from dana.sim.schedules import Schedule, choose
 from dana.train.cluster.classmeter import ClassMeter
 from dana.train.cluster.timing import TimingModel, relative_speeds
 from dana.train.config import TrainConfig
-from dana.train.records.pushlog import PushLog
+from dana.train.records.pushlog import Later, PushLog
 from dana.train.rules.codecs import Wire, build_codec
 from dana.train.rules.gate import bounds_staleness, check_staleness
 from dana.train.rules.schedule import constant_schedule, next_rate
-from dana.train.rules.step import GradientFn, WorkerStep
+from dana.train.rules.step import GradientFn, Loss, WorkerStep
 from dana.train.task.batches import BatchStream
 from dana.train.task.stacked import GradientSource
 
@@ -80,6 +83,9 @@ class Simulator:
         compress: the codec of the pushes (:func:`dana.train.rules.codecs.build_codec`).
         pack: the runs this one is advanced with (:class:`dana.sim.compute.Pack`): its
             gradients are computed with theirs, ``batch_workers`` ahead of its own.
+        sync_free: keep each push's loss and gap on the device until the log is read
+            (:class:`~dana.train.records.pushlog.PushLog`, ``defer``); the same records.
+            ``None``: when the parameters are on a GPU.
     """
 
     def __init__(
@@ -106,6 +112,7 @@ class Simulator:
         always_clock: bool = False,
         compress: str = "none",
         pack: Pack | None = None,
+        sync_free: bool | None = None,
     ):
         self.algorithm = algorithm
         self.k = k = check_workers(workers)
@@ -115,6 +122,7 @@ class Simulator:
         self.gradient_fn, self.batches = gradient, batches
         self.per_worker_batches = bool(getattr(batches, "per_worker", False))
         self.measure_gap = measure_gap
+        self.sync_free = params.device.type != "cpu" if sync_free is None else bool(sync_free)
         self.synchronous = algorithm.synchronous
         self.round_steps = algorithm.round_steps
         self.max_staleness = check_staleness(max_staleness)
@@ -149,7 +157,7 @@ class Simulator:
         # master updates applied, gradient computations processed, messages pushed
         self.updates = self.steps = self.pushes = 0
         self.sim_time = 0.0
-        self.log = PushLog()
+        self.log = PushLog(defer=self.sync_free)
         self.outstanding = [False] * k  # pulled and not yet pushed: a departure loses it
         self.meter = ClassMeter(labels, k) if labels is not None else None
         self.schedule.start()
@@ -223,7 +231,7 @@ class Simulator:
         batches = self.batches
         self.batch[i] = batches.next_for(i) if self.per_worker_batches else batches.next()
 
-    def gradient(self, i: int) -> tuple[Tensor, float]:
+    def gradient(self, i: int) -> tuple[Tensor, Loss]:
         """Worker ``i``'s gradient (weight decay included) on its batch, and the loss."""
         if self.engine is None:
             return self.worker_step.gradient(i, self.sent[i], self.batch[i])
@@ -308,12 +316,19 @@ class Simulator:
         self.master.join(i)
         self.worker_rule.join(i)
 
-    def _gap(self, i: int, lr: float) -> float:
-        """``RMS(theta_now - p_i)`` against the master's true parameters."""
+    def _gap(self, i: int, lr: float) -> float | Later:
+        """``RMS(theta_now - p_i)`` against the master's true parameters (``sync_free``:
+        read when the log is)."""
         theta = self.worker_rule.true_params(self.master.gap_reference(), lr, out=self._diff)
         # An in-place difference and a dot product: on the CPU torch.dist takes twice as long.
         diff = torch.sub(theta, self.sent[i], out=self._diff)
-        return math.sqrt(diff.dot(diff).item() / diff.numel())
+        square = diff.dot(diff)
+        if self.sync_free:
+            return Later(square, self._rms)
+        return self._rms(square.item())
+
+    def _rms(self, square: float) -> float:
+        return math.sqrt(square / self._diff.numel())
 
     # -- state ----------------------------------------------------------------------------
     def _parts(self) -> dict[str, Any]:

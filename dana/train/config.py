@@ -101,6 +101,9 @@ class TrainConfig:
     grow_at: str | None = None
     device: str = "cpu"
     batch_workers: int | str = 1
+    # The gradient's forward and backward pass replayed as one CUDA graph
+    # (dana.train.task.captured); on the CPU the same pass without a graph.
+    cuda_graph: bool = False
 
     def __post_init__(self) -> None:
         if self.model == "auto" and isinstance(self.dataset, str):
@@ -487,6 +490,7 @@ SCHEMA: dict[str, Rule] = {
     "grow_at": Rule(str, optional=True),
     "device": Rule(str, choices=DEVICES),
     "batch_workers": Rule(int, low=1, choices=("auto",)),
+    "cuda_graph": Rule(bool),
 }
 
 

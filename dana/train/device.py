@@ -16,6 +16,9 @@ rounding, which grows along the run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from dana.errors import ConfigError
@@ -48,3 +51,24 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     elif where.type != "cpu":
         raise ConfigError(f"device {str(device)!r}: dana computes on cpu or cuda")
     return where
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``. From the CPU to a GPU through pinned memory, without waiting:
+    a copy from ordinary memory waits for the device to finish its queued work (a host
+    synchronisation per batch)."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def peak_bytes(device: torch.device, fn: Callable[[], Any]) -> int:
+    """The most CUDA memory ``fn()`` holds at once on ``device`` beyond what was held
+    before it, in bytes (at least 1): what ``--batch-workers auto`` and ``--pack auto``
+    size by."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return max(1, torch.cuda.max_memory_allocated(device) - base)

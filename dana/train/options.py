@@ -197,6 +197,15 @@ TRAIN_OPTIONS: list[tuple[Any, ...]] = [
         "vectorised call (torch.func.vmap); 1: one at a time; auto: as many as fit the "
         "device (1 on the CPU)",
     ),
+    (
+        "--cuda-graph",
+        "cuda_graph",
+        None,
+        "on a GPU, record the gradient's forward and backward pass once as a CUDA graph "
+        "and replay it for every worker: one launch instead of one per kernel, the same "
+        "results (on the CPU the same pass, no speed-up)",
+        {"action": "store_true", "default_help": "off"},
+    ),
     ("--backend", "backend", str, backends_help()),
     ("--address", "address", str, "with --backend ray: the address of a running Ray cluster"),
     (

@@ -21,8 +21,11 @@ from dana.algorithms.base import WorkerRule
 if TYPE_CHECKING:
     from dana.train.rules.codecs import Wire
 
+#: A loss: a number, or a 0-d tensor (read when the records are read, so that a step on a
+#: GPU waits for nothing: :mod:`dana.train.records.pushlog`).
+Loss = float | Tensor
 #: ``gradient(params, batch) -> (grad, loss)``; the step may modify ``grad`` in place.
-GradientFn = Callable[[Tensor, Any], tuple[Tensor, float]]
+GradientFn = Callable[[Tensor, Any], tuple[Tensor, Loss]]
 
 
 class WorkerStep:
@@ -42,7 +45,7 @@ class WorkerStep:
         self.rule, self.gradient_fn, self.weight_decay = rule, gradient, float(weight_decay)
         self.wire = wire
 
-    def gradient(self, i: int, pulled: Tensor, batch: Any) -> tuple[Tensor, float]:
+    def gradient(self, i: int, pulled: Tensor, batch: Any) -> tuple[Tensor, Loss]:
         """Worker ``i``'s gradient (weight decay included) at what it pulled, and the loss."""
         p = self.rule.compute_at(i, pulled)
         grad, loss = self.gradient_fn(p, batch)

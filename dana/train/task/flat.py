@@ -53,9 +53,10 @@ class FlatModel:
 
     def gradient(
         self, params: Tensor, x: I.Inputs, y: Tensor, loss_fn: LossFn
-    ) -> tuple[Tensor, float]:
-        """The gradient of ``loss_fn(model(x), y)`` at ``params``, and the loss (``x``
-        any input of :mod:`dana.train.task.inputs`).
+    ) -> tuple[Tensor, Tensor]:
+        """The gradient of ``loss_fn(model(x), y)`` at ``params``, and the loss, a 0-d
+        tensor (reading it on a GPU waits for the device; ``x`` any input of
+        :mod:`dana.train.task.inputs`).
 
         The module computes at ``params`` itself (its parameters become views of it;
         leave ``params`` unchanged until this returns). The returned tensor is this
@@ -72,7 +73,7 @@ class FlatModel:
         if any(g is None for g in grads):  # a parameter the loss does not depend on
             grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self._params, grads)]
         torch.cat([g.reshape(-1) for g in grads], out=self.grad)
-        return self.grad, loss.item()
+        return self.grad, loss.detach()
 
     def evaluate(
         self, params: Tensor, x: I.Inputs, y: Tensor, loss_fn: LossFn, batch_size: int = 1000

@@ -14,6 +14,7 @@ next-token error, and ``metrics.csv`` also gets the test perplexity
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,9 +25,10 @@ from torch import Tensor
 from dana.data import Dataset, augment_batch, load_dataset
 from dana.models import build_language_model, build_model, context_length, is_language_model
 from dana.train.config import TrainConfig
-from dana.train.device import resolve_device
+from dana.train.device import resolve_device, to_device
 from dana.train.resources import build_within_memory
 from dana.train.task.batches import BatchStream, WorkerBatches, batches_for
+from dana.train.task.captured import CapturedCall, captured_gradient
 from dana.train.task.evaluation import perplexity
 from dana.train.task.flat import FlatModel
 from dana.train.task.stacked import GradientSource
@@ -48,7 +50,7 @@ class TrainingProblem(Protocol):
 
     def batches(self, seed: int, worker: int | None = None) -> Any: ...
 
-    def gradient(self, params: Tensor, batch: Any) -> tuple[Tensor, float]: ...
+    def gradient(self, params: Tensor, batch: Any) -> tuple[Tensor, Tensor]: ...
 
     def inputs(self, batch: Any) -> tuple[Any, Tensor]: ...
 
@@ -79,6 +81,7 @@ class FlatProblem:
     user's (:class:`dana.fitting.UserProblem`): the gradient, the engines' source, the
     model file and the checkpointed buffers."""
 
+    config: TrainConfig
     flat: FlatModel
     loss_fn: Any
 
@@ -96,16 +99,25 @@ class FlatProblem:
     def initial_params(self) -> Tensor:
         return self.flat.flat.clone()
 
-    def gradient(self, params: Tensor, batch: Any) -> tuple[Tensor, float]:
+    def gradient(self, params: Tensor, batch: Any) -> tuple[Tensor, Tensor]:
         """The loss's gradient (no weight decay) at ``params`` on ``batch`` (see
-        :meth:`inputs`)."""
+        :meth:`inputs`); with ``--cuda-graph`` replayed as a CUDA graph
+        (:mod:`dana.train.task.captured`)."""
+        if self.config.cuda_graph:
+            return self.captured(params, *self.inputs(batch))
         return self.flat.gradient(params, *self.inputs(batch), self.loss_fn)
+
+    @functools.cached_property
+    def captured(self) -> CapturedCall:
+        return captured_gradient(self.flat, self.loss_fn)
 
     def source(self) -> GradientSource:
         """The model, loss and data, for the simulator's batched and threaded engines
         (which compute gradients in any order: a batch's random draws, augmentation's,
         are seeded by the batch, :meth:`Problem.batches`)."""
-        return GradientSource(self.flat, self.loss_fn, self.inputs)
+        return GradientSource(
+            self.flat, self.loss_fn, self.inputs, cuda_graph=self.config.cuda_graph
+        )
 
     def save_model(self, path: str | Path, params: Tensor) -> Path:
         """Write the model at ``params`` (a run's final parameters, as evaluated), with
@@ -209,7 +221,7 @@ class Problem(FlatProblem):
         ``(rows, key)`` (augmented with draws seeded by ``key``: the same whenever and
         on whichever thread it is called)."""
         rows, key = batch if isinstance(batch, tuple) else (batch, None)
-        rows = rows.to(self.device)
+        rows = to_device(rows, self.device)
         x = self.dataset.train_x[rows]
         if key is not None:
             x = augment_batch(x, torch.Generator().manual_seed(key))

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dana.train.task import inputs as I
+from dana.train.task.captured import CapturedCall
 from dana.train.task.flat import FlatModel, LossFn
 
 #: ``inputs(batch) -> (x, y)``: the examples of a batch, on the model's device.
@@ -48,12 +49,15 @@ class GradientSource:
     """What the batched and threaded engines need: the model (flat), the loss and the
     data. ``random``: a gradient draws random numbers from a shared generator, so its
     result depends on the order gradients are computed in; the engines refuse it
-    (dana's own augmentation does not: each batch's draws are seeded by its key)."""
+    (dana's own augmentation does not: each batch's draws are seeded by its key).
+    ``cuda_graph``: the vectorised call is replayed as a CUDA graph
+    (:mod:`dana.train.task.captured`)."""
 
     flat: FlatModel
     loss_fn: LossFn
     inputs: Inputs
     random: bool = False
+    cuda_graph: bool = False
 
 
 def running_buffers(module: nn.Module) -> dict[str, float]:
@@ -97,10 +101,12 @@ class StackedGradient:
     """The gradients of ``B`` workers in one vectorised call (``torch.func``).
 
     ``__call__(params (B, d), x (B, n, ...), y (B, n))`` returns the flat gradients
-    ``(B, d)``, the ``B`` losses (a CPU tensor) and the ``B`` workers' running-statistic
-    contributions (stacked, by buffer name). Random operations inside the model
-    (dropout) raise: vmap refuses them, as their draws could not follow the sequential
-    order."""
+    ``(B, d)``, the ``B`` losses (on the device: reading them waits for it) and the
+    ``B`` workers' running-statistic contributions (stacked, by buffer name). Random
+    operations inside the model (dropout) raise: vmap refuses them, as their draws could
+    not follow the sequential order. With ``source.cuda_graph`` the call is replayed as a
+    CUDA graph (:mod:`dana.train.task.captured`), ``B`` padded to the next power of two
+    with copies of the last worker's arguments (their results are dropped)."""
 
     def __init__(self, source: GradientSource):
         from torch.func import functional_call, grad_and_value, vmap
@@ -124,17 +130,32 @@ class StackedGradient:
             return value, (value.detach(), running)
 
         self._call = vmap(grad_and_value(loss, has_aux=True), in_dims=(0, 0, None, 0, 0))
+        self.captured = CapturedCall(self._stacked, module) if source.cuda_graph else None
 
     def __call__(self, params: Tensor, x: I.Inputs, y: Tensor) -> tuple[Tensor, Tensor, Running]:
+        if not self.module.training:
+            self.module.train()
+        if self.captured is None:
+            return self._stacked(params, x, y)
+        b = params.shape[0]
+        padded = 1 << (b - 1).bit_length()
+        if padded > b:
+
+            def pad(t: Tensor) -> Tensor:
+                return torch.cat([t, t[-1:].expand(padded - b, *t.shape[1:])])
+
+            params, x, y = pad(params), I.apply(x, pad), pad(y)
+        grads, losses, running = self.captured(params, x, y)
+        return grads[:b], losses[:b], {n: t[:b] for n, t in running.items()}
+
+    def _stacked(self, params: Tensor, x: I.Inputs, y: Tensor) -> tuple[Tensor, Tensor, Running]:
         module = self.module
-        if not module.training:
-            module.train()
         b = params.shape[0]
         buffers = dict(module.named_buffers())
         running = {n: buffers[n].new_zeros((b, *buffers[n].shape)) for n in self.keep}
         fixed = {n: t for n, t in buffers.items() if n not in self.keep}
         grads, (_, (losses, new_running)) = self._call(params, running, fixed, x, y)
-        return grads, losses.detach().cpu(), new_running
+        return grads, losses.detach(), new_running
 
 
 def batchnorms(module: nn.Module) -> dict[str, nn.modules.batchnorm._BatchNorm]:
@@ -184,7 +205,7 @@ class Replica:
 
         return keep
 
-    def gradient(self, params: Tensor, batch: Any) -> tuple[Tensor, float, Running]:
+    def gradient(self, params: Tensor, batch: Any) -> tuple[Tensor, Tensor, Running]:
         self._inputs = {}
         x, y = self.source.inputs(batch)
         grad, loss = self.flat.gradient(params, x, y, self.source.loss_fn)
