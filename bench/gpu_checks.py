@@ -6,9 +6,15 @@ in the code they call cannot break them unseen before they first run on a GPU:
 
 1. for each of five algorithms, the simulator's batched gradients (``batch_workers=8``)
    against the sequential ones: the same events, parameters within 1e-10 (float64);
+   for the first, also replayed as a CUDA graph (``--cuda-graph``);
 2. ``dana train --device DEVICE --batch-workers auto`` on synthetic data, one epoch;
 3. ``--pack auto``'s measure: one run's peak memory and the pack size it gives (on the
-   CPU: that the measure is refused, the CPU's size being 1).
+   CPU: that the measure is refused, the CPU's size being 1);
+4. a push waits for nothing: ``dana train``'s simulator (the small BatchNorm CNN), after
+   warm-up steps, runs its next steps under CUDA's sync debug mode ``error`` (a host
+   synchronisation raises), sync-free and with ``--cuda-graph``; each run's records
+   equal a synced run's: the same events, losses within 1e-4 (bit for bit on the CPU,
+   where the debug mode does not exist).
 
 Each check prints ``PASS`` or ``FAIL`` and a figure; the last line is ``checks passed
 P of N``, and the exit status is 1 when one failed.
@@ -20,6 +26,7 @@ Run: ``python bench/gpu_checks.py --device cuda`` (bench/gpu.sh), ``--device cpu
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import tempfile
 import time
@@ -51,14 +58,15 @@ def simulate(algorithm: str, device: str, **kw) -> dana.sim.Simulator:
     return result.simulator
 
 
-def batched_equals_sequential(algorithm: str, device: str) -> bool:
-    seq, bat = simulate(algorithm, device), simulate(algorithm, device, batch_workers=8)
+def batched_equals_sequential(algorithm: str, device: str, cuda_graph: bool = False) -> bool:
+    seq = simulate(algorithm, device)
+    bat = simulate(algorithm, device, batch_workers=8, cuda_graph=cuda_graph)
     same = seq.log.numpy()["worker"].tolist() == bat.log.numpy()["worker"].tolist()
     diff = (seq.params() - bat.params()).abs().max().item()
     ok = same and diff <= 1e-10 and seq.params().device.type == device
     print(
-        f"{'PASS' if ok else 'FAIL'} {device} batched == sequential, {algorithm}: "
-        f"same events {same}, max |diff| {diff:.2e}"
+        f"{'PASS' if ok else 'FAIL'} {device} batched{' --cuda-graph' * cuda_graph} == "
+        f"sequential, {algorithm}: same events {same}, max |diff| {diff:.2e}"
     )
     return ok
 
@@ -106,6 +114,57 @@ def pack_auto(device: str) -> bool:
     return ok
 
 
+def _records(device: str, sync_free: bool, cuda_graph: bool) -> dict:
+    """The log of 80 steps of ``dana train``'s simulator, the last 60 of them under the
+    sync debug mode ``error`` on a GPU."""
+    import dana.sim.driver as driver
+    from dana.train.task.problem import Problem
+
+    config = TrainConfig(
+        dataset="synthetic", model="cnn", train_size=1024, test_size=128, batch_size=32,
+        workers=8, device=device, cuda_graph=cuda_graph,
+    ).validate()  # fmt: skip
+    build = driver.Simulator
+    driver.Simulator = functools.partial(build, sync_free=sync_free)
+    try:
+        sim = driver.build_simulator(config, Problem(config))
+    finally:
+        driver.Simulator = build
+    sim.run(pushes=20)
+    watch = device == "cuda" and sync_free
+    if watch:
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        sim.run(pushes=80)
+    finally:
+        if watch:
+            torch.cuda.set_sync_debug_mode("default")
+    return sim.log.numpy()
+
+
+def no_sync_per_push(device: str) -> bool:
+    synced = _records(device, False, False)
+    ok = True
+    for name, graph in (("sync-free", False), ("--cuda-graph", True)):
+        try:
+            log = _records(device, True, graph)
+        except RuntimeError as e:  # (the debug mode's error: a push waited)
+            print(f"FAIL {device} {name}: a push synchronises ({str(e).splitlines()[0]})")
+            ok = False
+            continue
+        same = all(log[c].tolist() == synced[c].tolist() for c in ("worker", "staleness"))
+        diff = float(abs(log["loss"] - synced["loss"]).max())
+        good = same and diff <= (1e-4 if device == "cuda" else 0.0)
+        print(
+            f"{'PASS' if good else 'FAIL'} {device} {name}: 60 steps "
+            + ("without a host synchronisation" if device == "cuda" else "(no debug mode)")
+            + f"; same events {same}, max |loss diff| {diff:.1e} against a synced run"
+        )
+        ok = ok and good
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda (bench/gpu.sh) or cpu")
@@ -118,8 +177,10 @@ def main() -> int:
         batched_equals_sequential(a, args.device)
         for a in (ALGORITHMS[:2] if args.smoke else ALGORITHMS)
     ]
+    results.append(batched_equals_sequential(ALGORITHMS[0], args.device, cuda_graph=True))
     results.append(train_end_to_end(args.device))
     results.append(pack_auto(args.device))
+    results.append(no_sync_per_push(args.device))
     print(f"checks passed {sum(results)} of {len(results)}")
     return 0 if all(results) else 1
 

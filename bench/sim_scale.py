@@ -9,6 +9,8 @@ worker) on the small CNN (Fashion-MNIST's shape, 1x28x28) and on ResNet-20 (CIFA
   thread each; ``N`` = the cores), bit for bit the sequential run;
 - ``batched B``: up to ``B`` in-flight gradients in one ``torch.func.vmap`` call, on the
   device (``B = k``; on the CPU with one intra-op thread per core);
+- on a GPU also ``sequential graph`` and ``batched B graph``: the gradient call replayed
+  as a CUDA graph (``--cuda-graph``, :mod:`dana.train.task.captured`);
 
 against a plain PyTorch loop (``torch.optim.SGD``, momentum 0.9, Nesterov) at batch 128
 at each thread setting (1, 2, 4, ... up to the cores: its best is the reference) and
@@ -45,6 +47,7 @@ import dana  # noqa: E402
 from dana.models import build_model  # noqa: E402
 from dana.sim import Simulator  # noqa: E402
 from dana.train.task.batches import BatchStream  # noqa: E402
+from dana.train.task.captured import captured_gradient  # noqa: E402
 from dana.train.task.flat import FlatModel  # noqa: E402
 from dana.train.task.stacked import GradientSource  # noqa: E402
 
@@ -117,10 +120,13 @@ def plain_loop(data: Data, batch: int) -> Callable[[], int]:
     return step
 
 
-def simulator(data: Data, k: int, batch: int, batch_workers: int, threads: int):
+def simulator(data: Data, k: int, batch: int, batch_workers: int, threads: int, graph=False):
     flat = FlatModel(data.build())
+    captured = captured_gradient(flat, F.cross_entropy) if graph else None
 
     def gradient(p, rows):
+        if captured is not None:
+            return captured(p, *data.inputs(rows))
         return flat.gradient(p, *data.inputs(rows), F.cross_entropy)
 
     sim = Simulator(
@@ -134,7 +140,7 @@ def simulator(data: Data, k: int, batch: int, batch_workers: int, threads: int):
         timing="gamma",
         batch_workers=batch_workers,
         threads=threads,
-        source=GradientSource(flat, F.cross_entropy, data.inputs),
+        source=GradientSource(flat, F.cross_entropy, data.inputs, cuda_graph=graph),
     )
 
     def step() -> int:
@@ -180,6 +186,10 @@ def measure(
         timed(f"sync {k}x{batch}{where}", lambda: plain_loop(data, k * batch), device, n_cores)
         timed(f"sim sequential{where}", lambda: simulator(data, k, batch, 1, 1)[1], device, 1)
         timed(f"sim batched {k}{where}", lambda: simulator(data, k, batch, k, 1)[1], device, 1)
+        timed(f"sim sequential graph{where}", lambda: simulator(data, k, batch, 1, 1, True)[1],
+              device, 1)  # fmt: skip
+        timed(f"sim batched {k} graph{where}", lambda: simulator(data, k, batch, k, 1, True)[1],
+              device, 1)  # fmt: skip
     return rows
 
 
@@ -222,9 +232,10 @@ def main() -> None:
         ):
             sync_gpu = next(rows[n] for n in gpu if n.startswith("sync"))
             seq_gpu = next(rows[n] for n in gpu if n.startswith("sim sequential"))
-            bat_gpu = next(rows[n] for n in gpu if n.startswith("sim batched"))
-            print(f"  {model}: GPU batched {bat_gpu / sync_gpu:.2f}x synchronous, "
-                  f"{bat_gpu / seq_gpu:.2f}x sequential")  # fmt: skip
+            for name in (n for n in gpu if n.startswith("sim batched")):
+                label = "batched graph" if "graph" in name else "batched"
+                print(f"  {model}: GPU {label} {rows[name] / sync_gpu:.2f}x synchronous, "
+                      f"{rows[name] / seq_gpu:.2f}x sequential")  # fmt: skip
     cnn = results["cnn"] if "cnn" in cpu_models else results[cpu_models[0]]
     seq = cnn.get("sim sequential, 1 thread")
     sims = [v for n, v in cnn.items() if n.startswith("sim") and "[" not in n]

@@ -34,10 +34,11 @@ LAST_LINES = {
     "relay_log_memory.py": r"relay log peak resident MB \d+ \(bound MB \d+\)",
     "read_speed.py": r"read speed ratio [\d.]+",
     "pack_throughput.py": r"pack speed-up [\d.]+",
+    "gpu_updates.py": r"graph speed-up [\d.]+",
     "links_vs_sim.py": r"duration error [\d.]+%",
 }
 #: Arguments beside --smoke (bench/gpu.sh's GPU checks, run here on the CPU).
-ARGS = {"gpu_checks.py": ["--device", "cpu"]}
+ARGS = {"gpu_checks.py": ["--device", "cpu"], "gpu_updates.py": ["--device", "cpu"]}
 #: What the benchmarks import: no benchmark of its own.
 HELPERS = {"common.py"}
 NEEDS_RAY = {"ps_throughput.py", "ray_vs_sim.py", "chaos_soak.py", "links_vs_sim.py"}
