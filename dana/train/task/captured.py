@@ -12,8 +12,8 @@ of the outputs. Two calls are recorded so: one worker's gradient
 once (:class:`~dana.train.task.stacked.StackedGradient`, ``B`` padded to a power of
 two so that a few graphs serve every ``B``).
 
-- Before a capture, CUDA needs warm-up calls (on a side stream): they run the call for
-  real, so the module's buffers (BatchNorm's running statistics) are saved before them
+- Before a capture, CUDA needs warm-up calls (on the side stream the capture then uses,
+  as PyTorch's whole-network capture does): they run the call for real, so the module's buffers (BatchNorm's running statistics) are saved before them
   and restored after; the first replay then folds the batch in once, as the call would.
 - The graph reads the buffers it was recorded with, whatever the module points at
   later (an evaluation re-points it).
@@ -104,7 +104,8 @@ class CapturedCall:
                         self._call(entry)
                 torch.cuda.current_stream(device).wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
+                # (on the warm-up's stream: the libraries' handles made there serve it)
+                with torch.cuda.graph(graph, stream=side):
                     entry.outputs = self._call(entry)
                 entry.graph = graph
             else:
