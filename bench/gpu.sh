@@ -29,5 +29,6 @@ timeout 120 python3 bench/gpu_updates.py --device cuda $([ -d "$DATA" ] && echo 
 echo "== bench/sim_scale.py --device cuda"
 timeout 170 python3 bench/sim_scale.py --device cuda "${SIM_SCALE_ARGS[@]}" --seconds 3 --repeats 2
 
-echo "== bench/pack_throughput.py --device cuda (runs packed into one process)"
-timeout 120 python3 bench/pack_throughput.py --device cuda --runs 8 --workers 16 --train-size 5000
+echo "== bench/pack_throughput.py --device cuda --cuda-graph (runs packed into one process)"
+timeout 120 python3 bench/pack_throughput.py --device cuda --runs 8 --workers 16 --train-size 5000 \
+    --cuda-graph $([ -d "$DATA" ] && echo --data-dir "$DATA")

@@ -1,7 +1,8 @@
 """How much faster are N simulated runs packed into one process than run one after another?
 
-Runs ``--runs`` copies of one simulated run (the small BatchNorm CNN on Fashion-MNIST,
-``dana-slim``, ``--workers`` workers, seeds 0, 1, ...: one shape, so they pack) twice:
+Runs ``--runs`` copies of one simulated run (the small BatchNorm CNN on Fashion-MNIST from
+``--data-dir`` or its Debian folder, else synthetic images of its shape; ``dana-slim``,
+``--workers`` workers, seeds 0, 1, ...: one shape, so they pack) twice:
 one after another with :func:`dana.train.training.train`, and packed with
 :func:`dana.sim.pack.train_pack` (``dana sweep --pack N``: their next gradients in one
 vectorised call). Each run writes its own directory under a temporary folder. The
@@ -10,6 +11,8 @@ vectorised call costs more than it saves). The last line is the sequential time 
 the packed time:
 
     pack speed-up 1.00  (the format)
+
+``--cuda-graph``: every run's gradient calls replayed as CUDA graphs, alone and packed.
 
 Run: ``python bench/pack_throughput.py --device cuda --runs 8`` (bench/gpu.sh runs it).
 """
@@ -27,6 +30,7 @@ from common import parse_with_smoke
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from dana.data.datasets import DEFAULT_FASHION_DIR  # noqa: E402
 from dana.sim.pack import PackedRun, train_pack  # noqa: E402
 from dana.train.config import TrainConfig  # noqa: E402
 from dana.train.training import train  # noqa: E402
@@ -38,14 +42,20 @@ def configs(args: argparse.Namespace) -> list[TrainConfig]:
         shape = dict(dataset="synthetic", model="linear", train_size=256, test_size=64,
                      batch_size=32, epochs=args.epochs)  # fmt: skip
     else:
-        shape = dict(dataset="fashion-mnist", model="cnn", train_size=args.train_size,
-                     test_size=1000, batch_size=128, epochs=args.epochs)  # fmt: skip
+        data_dir = args.data_dir or DEFAULT_FASHION_DIR
+        shape = dict(model="cnn", train_size=args.train_size, test_size=1000, batch_size=128,
+                     epochs=args.epochs)  # fmt: skip
+        if Path(data_dir).is_dir():
+            shape.update(dataset="fashion-mnist", data_dir=data_dir)
+        else:
+            shape.update(dataset="synthetic")
     return [
         TrainConfig(
             algorithm="dana-slim",
             workers=args.workers,
             seed=seed,
             device=args.device,
+            cuda_graph=args.cuda_graph,
             eval_every=args.epochs,
             **shape,
         )  # fmt: skip
@@ -61,6 +71,8 @@ def main() -> None:
     parser.add_argument("--train-size", type=int, default=10_000)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--data-dir", default=None, help="Fashion-MNIST's folder")
+    parser.add_argument("--cuda-graph", action="store_true", help="replay the gradient calls")
     args = parse_with_smoke(parser)
     if args.smoke:
         args.runs, args.workers, args.epochs = 2, 2, 0.5
@@ -77,7 +89,8 @@ def main() -> None:
     if failed:
         raise SystemExit(f"a packed run failed: {failed[0]!r}")
     steps = sum(s["updates"] for s in alone)
-    print(f"{args.runs} runs of k = {args.workers} on {args.device}, {steps} updates in all")
+    data = runs[0].dataset + " --cuda-graph" * args.cuda_graph
+    print(f"{args.runs} runs of k = {args.workers} on {args.device}, {data}, {steps} updates")
     print(f"| one after another | {sequential:.2f} s | {steps / sequential:.1f} updates/s |")
     print(f"| packed | {together:.2f} s | {steps / together:.1f} updates/s |")
     print(f"pack speed-up {sequential / together:.2f}")
