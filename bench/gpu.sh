@@ -7,9 +7,14 @@
 # where pytest is there; the test suite runs the scripts and this sim_scale.py command on
 # the CPU); every step's timeout together stay under the 10 minutes of one call:
 #   bash bench/gpu.sh
+# With OUT set (the device machine's output folder) everything printed is also kept in
+# $OUT/gpu.txt, whole: the call's reply keeps only its last lines.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=.
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    exec > >(tee "$OUT/gpu.txt") 2>&1
+fi
 # (tests/test_bench_smoke.py reads this line: the suite runs the same arguments on the CPU)
 SIM_SCALE_ARGS=(--models cnn --gpu-models cnn,resnet20 --cpu-skip "sync,sim batched")
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
