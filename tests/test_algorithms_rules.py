@@ -601,3 +601,10 @@ def _assert_same_state(a, b):
             assert torch.equal(a[key], b[key]), key
         else:
             assert a[key] == b[key], key
+
+
+def test_rules_pass_over_cache_blocks_on_the_cpu_and_whole_vectors_elsewhere():
+    from dana.algorithms.base import BLOCK, blocks
+
+    assert [len(b) for b in blocks(torch.empty(2 * BLOCK + 5))] == [BLOCK, BLOCK, 5]
+    assert [len(b) for b in blocks(torch.empty(2 * BLOCK + 5, device="meta"))] == [2 * BLOCK + 5]

@@ -48,6 +48,13 @@ from torch import Tensor
 BLOCK = 65536
 
 
+def blocks(t: Tensor) -> tuple[Tensor, ...]:
+    """``t`` in blocks of :data:`BLOCK` values on the CPU, where a block stays in the
+    cache between passes; whole on a GPU, where each block would cost a kernel launch
+    per pass (element-wise passes: the same result either way)."""
+    return t.split(BLOCK) if t.device.type == "cpu" else (t,)
+
+
 def move_tensors(rule: Any, device: torch.device) -> None:
     """Move every tensor attribute of ``rule`` (a master or worker rule) to ``device``
     (the rules build their state on their parameters' device, or the CPU)."""

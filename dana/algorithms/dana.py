@@ -38,11 +38,11 @@ import torch
 from torch import Tensor
 
 from dana.algorithms.base import (
-    BLOCK,
     MasterRule,
     MomentumAlgorithm,
     RemembersPulls,
     WorkerRule,
+    blocks,
     check_nonnegative,
     per_worker_zeros,
 )
@@ -71,10 +71,7 @@ class DanaZeroMaster(MasterRule):
         m = self.momentum
         # S += v_new - v_old, with v_new = m*v_old + g; by cache-sized blocks (BLOCK).
         for S, v, g, theta in zip(
-            self.S.split(BLOCK),
-            self.v[worker].split(BLOCK),
-            message.split(BLOCK),
-            self.theta.split(BLOCK),
+            blocks(self.S), blocks(self.v[worker]), blocks(message), blocks(self.theta)
         ):
             momentum_sum(S, v, g, m)
             torch.add(g, v, alpha=m, out=v)  # v = m*v + g, fused (one rounding)
@@ -135,8 +132,8 @@ class DanaSlimWorkers(WorkerRule):
         m = self.momentum
         # Block by block, so that each block of v_i, g (and S) is read from memory once
         # for the three or four passes over it (element-wise: the same result).
-        v_blocks, g_blocks = self.v[worker].split(BLOCK), grad.split(BLOCK)
-        S_blocks = self.S.split(BLOCK) if self.S is not None else (None,) * len(v_blocks)
+        v_blocks, g_blocks = blocks(self.v[worker]), blocks(grad)
+        S_blocks = blocks(self.S) if self.S is not None else (None,) * len(v_blocks)
         for v, g, S in zip(v_blocks, g_blocks, S_blocks):
             if S is not None:
                 momentum_sum(S, v, g, m)
