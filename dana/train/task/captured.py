@@ -13,8 +13,9 @@ once (:class:`~dana.train.task.stacked.StackedGradient`, ``B`` padded to a power
 two so that a few graphs serve every ``B``).
 
 - Before a capture, CUDA needs warm-up calls (on the side stream the capture then uses,
-  as PyTorch's whole-network capture does): they run the call for real, so the module's buffers (BatchNorm's running statistics) are saved before them
-  and restored after; the first replay then folds the batch in once, as the call would.
+  as PyTorch's whole-network capture does): they run the call for real, so the
+  module's buffers (BatchNorm's running statistics) are saved before them and restored
+  after; the first replay then folds the batch in once, as the call would.
 - The graph reads the buffers it was recorded with, whatever the module points at
   later (an evaluation re-points it).
 - Memory: each recorded shape keeps its own pool, the activations of one call.
