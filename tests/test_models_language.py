@@ -161,7 +161,7 @@ def test_vmap_computes_several_workers_gradients_as_one_at_a_time():
     for i in range(3):
         grad, loss = flat.gradient(params[i].clone(), x[i], y[i], token_cross_entropy)
         torch.testing.assert_close(grads[i], grad, rtol=1e-10, atol=1e-12)
-        assert losses[i].item() == pytest.approx(loss, rel=1e-12)
+        assert losses[i].item() == pytest.approx(float(loss), rel=1e-12)
 
 
 def test_the_evaluation_counts_every_token(corpus):
