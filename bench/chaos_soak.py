@@ -273,7 +273,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.smoke:
-        args.epochs, args.timeout, args.gap = 3.0, 3.0, 0.5
+        args.epochs, args.timeout, args.gap = 6.0, 3.0, 0.5
     tally: Counter[str] = Counter()
     survived: Counter[str] = Counter()
     lost = doubled = episodes = failed = 0
