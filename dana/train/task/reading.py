@@ -50,6 +50,7 @@ from torch import Tensor
 from torch.utils.data import default_collate
 
 from dana.errors import ArgumentTypeError, ConfigError
+from dana.train.device import to_device
 from dana.train.task import inputs as I
 from dana.train.task.evaluation import in_batches
 
@@ -210,10 +211,11 @@ def check_finite(t: Tensor, what: str) -> None:
 
 
 def place(x: Any, device: torch.device, dtype: torch.dtype) -> Any:
-    """``x`` (inputs or targets) on ``device``, its floating tensors in ``dtype``."""
+    """``x`` (inputs or targets) on ``device``, its floating tensors in ``dtype``; from
+    the CPU to a GPU without waiting (:func:`~dana.train.device.to_device`)."""
 
     def one(t: Tensor) -> Tensor:
-        return t.to(device, dtype) if t.is_floating_point() else t.to(device)
+        return to_device(t.to(dtype) if t.is_floating_point() else t, device)
 
     return I.apply(x, one)
 
